@@ -1,0 +1,142 @@
+"""The one custom collector: every family is built fresh from the targets' state on each scrape
+of the sidecar, so series of a vanished target or series disappear with it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.counts import Counts, ratios, total
+from exporter.scrape import TargetState
+
+ERROR_REASONS = ("timeout", "connection", "http_status", "protocol", "too_large", "no_spec_metrics")
+ALL_ENGINES = "all"  # the `engine` label of gauges derived from the sum over a model's engines
+
+SERIES = ["target", "model_name", "engine"]
+
+
+class SpecdecCollector(Collector):
+    def __init__(self, targets: Sequence[TargetState], clock: Callable[[], float]) -> None:
+        self.targets = targets
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._health()
+        yield from self._counters()
+        yield from self._windows()
+
+    def _health(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("specdec_build_info", "specdec version.", labels=["version"])
+        info.add_metric([__version__], 1.0)
+        up = GaugeMetricFamily(
+            "specdec_target_up",
+            "1 when the last scrape of the target succeeded.",
+            labels=["target"],
+        )
+        duration = GaugeMetricFamily(
+            "specdec_scrape_duration_seconds",
+            "Duration of the last scrape of the target (fetch and parse).",
+            labels=["target"],
+        )
+        errors = CounterMetricFamily(
+            "specdec_scrape_errors",
+            "Failed scrapes by reason (no_spec_metrics: the page has no spec-decode counters).",
+            labels=["target", "reason"],
+        )
+        bad = CounterMetricFamily(
+            "specdec_malformed_lines",
+            "Spec-decode sample lines that did not parse and were skipped.",
+            labels=["target"],
+        )
+        for state in self.targets:
+            name = state.target.name
+            if state.up is not None:
+                up.add_metric([name], 1.0 if state.up else 0.0)
+            if state.last_duration is not None:
+                duration.add_metric([name], state.last_duration)
+            for reason in ERROR_REASONS:
+                errors.add_metric([name, reason], float(state.errors[reason]))
+            bad.add_metric([name], float(state.bad_lines))
+        yield from (info, up, duration, errors, bad)
+
+    def _counters(self) -> Iterator[Metric]:
+        def family(name: str, doc: str, position: bool = False) -> CounterMetricFamily:
+            return CounterMetricFamily(
+                name, doc, labels=SERIES + (["position"] if position else [])
+            )
+
+        drafts = family("specdec_drafts", "Speculative verify steps (vLLM: num_drafts).")
+        proposed = family("specdec_draft_tokens", "Draft tokens proposed.")
+        accepted = family(
+            "specdec_accepted_tokens", "Draft tokens accepted (bonus token excluded)."
+        )
+        rejected = family(
+            "specdec_rejected_draft_tokens", "Draft tokens rejected (proposed - accepted)."
+        )
+        per_pos = family(
+            "specdec_accepted_tokens_per_position",
+            "Verify steps that accepted more than `position` drafts.",
+            position=True,
+        )
+        restarts = family("specdec_engine_restarts", "Engine restarts detected by the sidecar.")
+        for state in self.targets:
+            for (model_name, engine), totals in state.store.series.items():
+                labels = [state.target.name, model_name, engine]
+                counts = totals.counts
+                if counts.drafts is not None:
+                    drafts.add_metric(labels, counts.drafts)
+                proposed.add_metric(labels, counts.draft_tokens)
+                accepted.add_metric(labels, counts.accepted)
+                rejected.add_metric(labels, totals.rejected)
+                for i, value in enumerate(counts.per_position):
+                    per_pos.add_metric([*labels, str(i)], value)
+                restarts.add_metric(labels, float(totals.restarts))
+        yield from (drafts, proposed, accepted, rejected, per_pos, restarts)
+
+    def _windows(self) -> Iterator[Metric]:
+        labels = [*SERIES, "window"]
+        acceptance = GaugeMetricFamily(
+            "specdec_acceptance_ratio",
+            "Accepted / proposed draft tokens over the window; absent without drafts. "
+            'engine="all" sums the model\'s engines.',
+            labels=labels,
+        )
+        length = GaugeMetricFamily(
+            "specdec_mean_acceptance_length",
+            "Tokens per verify step over the window: 1 + accepted / drafts (vLLM's definition).",
+            labels=labels,
+        )
+        position = GaugeMetricFamily(
+            "specdec_position_acceptance_ratio",
+            "Share of verify steps that accepted more than `position` drafts over the window.",
+            labels=[*labels, "position"],
+        )
+        now = self.clock()
+        for state in self.targets:
+            for window in state.history.windows:
+                increases = state.history.increase(window, now)
+                for (model_name, engine), counts in _with_engine_sums(increases):
+                    derived = ratios(counts)
+                    series = [state.target.name, model_name, engine, window.label]
+                    if derived.acceptance is not None:
+                        acceptance.add_metric(series, derived.acceptance)
+                    if derived.mean_acceptance_length is not None:
+                        length.add_metric(series, derived.mean_acceptance_length)
+                    for i, ratio in enumerate(derived.per_position or ()):
+                        position.add_metric([*series, str(i)], ratio)
+        yield from (acceptance, length, position)
+
+
+def _with_engine_sums(
+    increases: dict[tuple[str, str], Counts],
+) -> Iterator[tuple[tuple[str, str], Counts]]:
+    """Each series, then per model_name the sum over its engines under engine="all"."""
+    by_model: dict[str, list[Counts]] = {}
+    for key, counts in increases.items():
+        by_model.setdefault(key[0], []).append(counts)
+        yield key, counts
+    for model_name, items in by_model.items():
+        yield (model_name, ALL_ENGINES), total(items)

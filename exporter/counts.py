@@ -1,0 +1,84 @@
+"""The value type every layer shares: speculative-decoding counts for one series.
+
+Scraped counters, running sums, window deltas, per-request objects and per-route totals are
+all `Counts`, so acceptance, tokens per step and per-position acceptance are defined once
+(`ratios`), the way vLLM's SpecDecodingLogging defines them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import zip_longest
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Drafts (verify steps), draft tokens, accepted tokens and accepted tokens per position.
+
+    `per_position[i]` counts steps that accepted more than `i` drafts, so the positions sum to
+    `accepted`. `drafts` is None for engines that do not count verify steps (TensorRT-LLM).
+    """
+
+    drafts: float | None = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_position: tuple[float, ...] = ()
+
+    @property
+    def rejected(self) -> float:
+        return self.draft_tokens - self.accepted
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            _combine(self.drafts, other.drafts, 1),
+            self.draft_tokens + other.draft_tokens,
+            self.accepted + other.accepted,
+            tuple(
+                a + b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
+            ),
+        )
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(
+            _combine(self.drafts, other.drafts, -1),
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+            tuple(
+                a - b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
+            ),
+        )
+
+
+def _combine(a: float | None, b: float | None, sign: int) -> float | None:
+    return None if a is None or b is None else a + sign * b
+
+
+def total(items: list[Counts]) -> Counts:
+    """Sum of `items` (empty sum: zero counts)."""
+    result = Counts()
+    for item in items:
+        result = result + item
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Ratios:
+    """Derived figures; a field is None when its denominator is zero (no traffic, not 0 %)."""
+
+    acceptance: float | None
+    mean_acceptance_length: float | None
+    per_position: tuple[float, ...] | None
+
+
+def ratios(counts: Counts) -> Ratios:
+    """acceptance = accepted / draft_tokens; tokens per step = 1 + accepted / drafts;
+    per-position = per_position[i] / drafts (P(accepted > i), not conditional)."""
+    acceptance = counts.accepted / counts.draft_tokens if counts.draft_tokens > 0 else None
+    drafts = counts.drafts
+    if drafts is None or drafts <= 0:
+        return Ratios(acceptance, None, None)
+    return Ratios(
+        acceptance,
+        1.0 + counts.accepted / drafts,
+        tuple(p / drafts for p in counts.per_position),
+    )

@@ -1,0 +1,126 @@
+"""The scrape loop: fetch a target's /metrics every interval, feed the sums and the windows.
+
+A target that is down, slow, answers an HTTP error or serves garbage is counted by reason
+and reported through `specdec_target_up`; it never stops the loop or the other targets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import aiohttp
+
+from exporter import logs
+from exporter.config import Target, redact
+from exporter.counters import CounterStore
+from exporter.engines import EngineFamilies, families, read_page
+from exporter.windows import History, Window
+
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+Clock = Callable[[], float]
+
+
+class ScrapeError(Exception):
+    """A failed scrape; `reason` is the bounded label value it is counted under."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class TargetState:
+    """Everything the exporter knows about one target: sums, windows and health."""
+
+    def __init__(self, target: Target, windows: tuple[Window, ...]) -> None:
+        self.target = target
+        self.families: EngineFamilies = families(target.engine, target.prefix)
+        self.store = CounterStore()
+        self.history = History(windows)
+        self.status: str | None = None  # None until the first scrape ends
+        self.last_duration: float | None = None
+        self.errors: Counter[str] = Counter()
+        self.bad_lines = 0
+
+    @property
+    def up(self) -> bool | None:
+        return None if self.status is None else self.status != "down"
+
+    def ingest(self, text: str, now: float) -> list[tuple[str, str]]:
+        """Feed one page; returns the series that restarted. Raises ScrapeError for a page
+        without any spec-decode series (speculation off, wrong prefix or garbage)."""
+        page = read_page(text, self.families)
+        self.bad_lines += page.bad_lines
+        restarted = self.store.feed(page)
+        self.history.record(now, self.store.snapshot())
+        if not page.series:
+            raise ScrapeError("no_spec_metrics", f"no {self.families.lead}* counters on the page")
+        return restarted
+
+
+class Scraper:
+    """Runs the scrape loop of one target."""
+
+    def __init__(self, state: TargetState, session: aiohttp.ClientSession, clock: Clock) -> None:
+        self.state = state
+        self.session = session
+        self.clock = clock
+        self.log = logs.get("scrape").bind(target=state.target.name)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await self.scrape_once()
+            next_at = max(next_at + self.state.target.interval, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def scrape_once(self) -> None:
+        state = self.state
+        started = time.perf_counter()
+        try:
+            restarted = state.ingest(await self.fetch(), self.clock())
+        except ScrapeError as exc:
+            state.errors[exc.reason] += 1
+            self._status("up_without_spec" if exc.reason == "no_spec_metrics" else "down", exc)
+            return
+        finally:
+            state.last_duration = time.perf_counter() - started
+        self._status("up", None)
+        for model_name, engine in restarted:
+            self.log.warning("engine restart detected", model_name=model_name, engine=engine)
+
+    async def fetch(self) -> str:
+        target = self.state.target
+        try:
+            async with self.session.get(
+                target.url, timeout=aiohttp.ClientTimeout(total=target.timeout)
+            ) as resp:
+                if resp.status != 200:
+                    raise ScrapeError("http_status", f"HTTP {resp.status}")
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > MAX_PAGE_BYTES:
+                        raise ScrapeError("too_large", f"page larger than {MAX_PAGE_BYTES} bytes")
+        except TimeoutError as exc:
+            raise ScrapeError("timeout", f"no complete answer within {target.timeout}s") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise ScrapeError("connection", str(exc)) from exc
+        except aiohttp.ClientError as exc:
+            raise ScrapeError("protocol", f"{type(exc).__name__}: {exc}") from exc
+        return body.decode("utf-8", errors="replace")
+
+    def _status(self, status: str, error: ScrapeError | None) -> None:
+        """Log state changes only (up, up without spec counters, down), never per scrape."""
+        was, self.state.status = self.state.status, status
+        if was == status:
+            return
+        if error is None:
+            self.log.info("target up", url=redact(self.state.target.url))
+        else:
+            self.log.warning(
+                f"target {status.replace('_', ' ')}", reason=error.reason, detail=str(error)
+            )

@@ -1,0 +1,84 @@
+"""Rolling windows over running sums: the increase of each series over the last 1m, 5m, 15m.
+
+A ring of timestamped snapshots per target. The increase over a window is the newest snapshot
+minus the newest one at least a window old (or the oldest we have, while the sidecar is young).
+A window with no snapshot inside it has no data: a target that stopped answering loses its
+derived gauges once the window has passed, instead of showing stale numbers as live.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from exporter.counts import Counts
+from exporter.engines import SeriesKey
+
+Snapshot = Mapping[SeriesKey, Counts]
+
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A rolling window: its label as exported ("5m") and its length in seconds."""
+
+    label: str
+    seconds: float
+
+
+def parse_window(text: str) -> Window:
+    """'90s', '5m', '1h', '1h30m' -> Window; ValueError for anything else."""
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        raise ValueError(f"not a duration like 30s, 5m or 1h: {text!r}")
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    length = hours * 3600 + minutes * 60 + seconds
+    if length <= 0:
+        raise ValueError(f"a window must be longer than zero: {text!r}")
+    return Window(text, float(length))
+
+
+DEFAULT_WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
+
+
+class History:
+    """Snapshots of one target's running sums, kept as long as the longest window needs."""
+
+    def __init__(self, windows: Sequence[Window]) -> None:
+        self.windows = tuple(windows)
+        self._keep = max((w.seconds for w in self.windows), default=0.0)
+        self._ring: deque[tuple[float, Snapshot]] = deque()
+
+    def record(self, t: float, snapshot: Snapshot) -> None:
+        self._ring.append((t, snapshot))
+        # drop what no window needs: keep one snapshot at or before the longest window's start
+        while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:
+            self._ring.popleft()
+
+    def increase(self, window: Window, now: float) -> dict[SeriesKey, Counts]:
+        """Per series, the increase over `window` ending at `now`; empty when it holds no data."""
+        if not self._ring or self._ring[-1][0] < now - window.seconds:
+            return {}
+        end_t, end = self._ring[-1]
+        start = self._baseline(now - window.seconds)
+        result = {}
+        for key, counts in end.items():
+            base = start.get(key)
+            if base is None:  # a series first seen inside the window: from its first snapshot
+                base = next(
+                    (snap[key] for t, snap in self._ring if key in snap and t < end_t), None
+                )
+            if base is not None:
+                result[key] = counts - base
+        return result
+
+    def _baseline(self, since: float) -> Snapshot:
+        chosen = self._ring[0][1]
+        for t, snap in self._ring:
+            if t > since:
+                break
+            chosen = snap
+        return chosen
