@@ -1,0 +1,111 @@
+"""Shared test helpers: free ports, polling with a deadline, child processes, metric pages."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+FIXTURES = Path(__file__).parent / "fixtures"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as exc:  # the thing polled may not be up yet
+            last_error = exc
+        time.sleep(0.05)
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what} (last error: {last_error})"
+    )
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(name, sorted labels): value} for every sample of a page."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(
+    page: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float | None:
+    """The value of the one sample `name` whose labels include `labels`, None if absent."""
+    hits = [v for (n, ls), v in page.items() if n == name and set(labels.items()) <= set(ls)]
+    assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
+    return hits[0] if hits else None
+
+
+def need_tool(name: str) -> str:
+    """Path of a real component; in CI its absence is a failure, locally a skip."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed; .ci/run must install it")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+@contextmanager
+def child(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a child process in its own group; on exit stop the whole group (no orphans)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        try:
+            yield proc
+        finally:
+            stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def specdec(*args: str) -> list[str]:
+    return [sys.executable, "-m", "exporter", *args]

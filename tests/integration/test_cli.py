@@ -1,0 +1,55 @@
+"""The command line as a user types it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from exporter.counts import Counts
+from tests.fakevllm import FakeVllm, serve_fake
+from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
+
+
+def test_zero_config_serve(tmp_path: Path) -> None:
+    fake, fake_port, port = FakeVllm(step=Counts(4, 12, 3, (2, 1, 0))), free_port(), free_port()
+    args = ["serve", "--target", f"http://127.0.0.1:{fake_port}/metrics"]
+    args += ["--listen", f"127.0.0.1:{port}", "--interval", "0.1", "--window", "30s"]
+    with serve_fake(fake, fake_port), child(specdec(*args), tmp_path / "log"):
+        url = f"http://127.0.0.1:{port}/metrics"
+        got = wait_for(
+            lambda: value(
+                samples(http_get(url)), "specdec_acceptance_ratio", engine="0", window="30s"
+            ),
+            what="acceptance gauge",
+        )
+        assert got == pytest.approx(0.25)
+        assert (
+            value(samples(http_get(url)), "specdec_target_up", target=f"127.0.0.1:{fake_port}") == 1
+        )
+
+
+@pytest.mark.parametrize("verb", ["serve", "derive"])
+def test_help_explains_every_flag(verb: str) -> None:
+    out = subprocess.run(specdec(verb, "--help"), capture_output=True, text=True, check=True).stdout
+    flags = {
+        "serve": ["--config", "--target", "--listen", "--interval", "--window", "--log-level"],
+        "derive": ["--json", "--engine", "--prefix"],
+    }[verb]
+    for flag in flags:
+        line = next(line for line in out.splitlines() if line.strip().startswith(flag))
+        assert len(out.split(flag, 1)[1].split("\n  -")[0].split()) > 3, (
+            f"{flag} has no explanation: {line}"
+        )
+
+
+def test_usage_errors_exit_2() -> None:
+    for args in (
+        ["serve"],
+        ["serve", "--target", "ftp://x/metrics"],
+        ["serve", "--target", "http://h:1/m", "--listen", "nope"],
+    ):
+        result = subprocess.run(specdec(*args), capture_output=True, text=True)
+        assert result.returncode == 2, args
+        assert "config error" in result.stderr and "--" in result.stderr
