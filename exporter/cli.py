@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     _serve_parser(verbs)
     _derive_parser(verbs)
+    _sim_parser(verbs)
+    _demo_parser(verbs)
     return parser
 
 
@@ -107,6 +109,180 @@ def _derive_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "(default: the engine's own, vllm:)",
     )
     p.set_defaults(run=_derive)
+
+
+def _sim_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = verbs.add_parser(
+        "sim",
+        help="run the vLLM simulator (OpenAI API + vLLM /metrics)",
+        description="An aiohttp server that behaves like vLLM's OpenAI-compatible server with "
+        "speculative decoding: /v1/chat/completions, /v1/completions, /v1/models, /health, "
+        "/metrics, and an admin API (/admin/restart, /admin/profile, /admin/fault, /admin/truth). "
+        "Each request's acceptance comes from a profile chosen by its text: Japanese -> ja_chat "
+        "(0.36), code or tools -> code_agent (0.71), else default (0.55).",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:8000",
+        metavar="HOST:PORT",
+        help="where to serve (default 127.0.0.1:8000, vLLM's default port)",
+    )
+    p.add_argument("--model", default="sim-27b", help="the served model name (default sim-27b)")
+    p.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        metavar="N",
+        help="data-parallel engines: `engine` labels 0..N-1 (default 1)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=3,
+        metavar="K",
+        help="draft tokens per verify step; 0 serves without speculation (default 3)",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        default="summary",
+        choices=["none", "summary", "detailed"],
+        help="per-request metrics.speculative_decoding object, as vLLM's flag (default summary)",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="divide every simulated delay by X (tests use 50-1000; default 1 = "
+        "real-time dense-27B single-stream: 72 tok/s plain)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="NAME=ACCEPTANCE",
+        help="set a profile's acceptance, e.g. ja_chat=0.36 (repeatable)",
+    )
+    p.set_defaults(run=_sim)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from exporter.sim.engine import SimEngine
+    from exporter.sim.profiles import DEFAULT_PROFILES, Profile
+    from exporter.sim.server import build_app
+
+    logs.setup()
+    profiles = dict(DEFAULT_PROFILES)
+    try:
+        host, port = from_flags([], args.listen, 1.0, None).listen
+        for item in args.profile:
+            name, _, value = item.partition("=")
+            acceptance = float(value)
+            if not name or not 0 <= acceptance <= 1:
+                raise ValueError(item)
+            profiles[name] = Profile(name, acceptance)
+        if args.engines < 1 or args.num_speculative_tokens < 0 or args.speed <= 0:
+            raise ValueError("--engines >= 1, --num-speculative-tokens >= 0, --speed > 0")
+    except (ConfigError, ValueError) as exc:
+        print(f"specdec sim: bad arguments: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    engine = SimEngine(
+        args.model, args.num_speculative_tokens, args.engines, args.speed, args.seed, profiles
+    )
+    logs.get("sim").info("simulator listening", url=f"http://{host}:{port}", model=args.model)
+    web.run_app(
+        build_app(engine, args.per_request_spec_decode_metrics),
+        host=host,
+        port=port,
+        print=None,
+        access_log=None,
+    )
+    return 0
+
+
+def _demo_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = verbs.add_parser(
+        "demo",
+        help="simulator + sidecar + two workloads, all on this machine",
+        description="Run the whole bundle on a laptop: the vLLM simulator, the sidecar scraping "
+        "it, and traffic from a Japanese voice chat and an English coding agent sharing one "
+        "engine. Prints the URLs, then every few seconds a line per workload and for the engine. "
+        "Ctrl-C stops everything.",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind everything to (default 127.0.0.1)"
+    )
+    p.add_argument("--sim-port", type=int, default=8000, help="simulated vLLM port (default 8000)")
+    p.add_argument(
+        "--sidecar-port", type=int, default=10419, help="sidecar /metrics port (default 10419)"
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="run the simulated engine X times faster than real time (default 1)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help="concurrent clients per workload (default 2)",
+    )
+    p.add_argument(
+        "--report-every",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between progress lines (default 5)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
+    p.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also run Debian's `prometheus` with ./prometheus.yml if it is on PATH",
+    )
+    p.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        help="port for --with-prometheus (default 9090)",
+    )
+    p.set_defaults(run=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from exporter import demo
+
+    logs.setup("warning")
+    options = demo.Options(
+        host=args.host,
+        sim_port=args.sim_port,
+        sidecar_port=args.sidecar_port,
+        speed=args.speed,
+        concurrency=args.concurrency,
+        report_every=args.report_every,
+        duration=args.duration,
+        with_prometheus=args.with_prometheus,
+        prometheus_port=args.prometheus_port,
+    )
+    if options.speed <= 0 or options.concurrency < 1 or options.report_every <= 0:
+        print(
+            "specdec demo: --speed and --report-every must be > 0, --concurrency >= 1",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    demo.main(options)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -162,11 +162,16 @@ class _Reader:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise self.fail(node, key, f"expected an http(s)://HOST:PORT/metrics URL, got {url!r}")
+        try:
+            parts.port  # noqa: B018  (raises ValueError: port not a number or out of range)
+        except ValueError:
+            raise self.fail(node, key, f"bad port in URL {url!r}") from None
         return url
 
     def listen_address(self, text: str, node: yaml.Node | None, key: str) -> tuple[str, int]:
         host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        digits = port.isascii() and port.isdigit() and len(port) <= 5  # int("²") raises
+        if not sep or not digits or not 0 < int(port) < 65536:
             raise self.fail(node, key, f"expected HOST:PORT (or :PORT), got {text!r}")
         return (host.strip("[]") or "0.0.0.0", int(port))
 

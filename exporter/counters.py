@@ -47,8 +47,9 @@ class CounterStore:
                 restarted.append(key)
             totals.last = raw
             totals.counts = totals.counts + increase
-            # a torn read (draft tokens counted before accepted) must not make this go down
-            totals.rejected += max(0.0, increase.rejected)
+            # a torn read (draft tokens counted before accepted) must not make this go down, nor
+            # leave it too high for good once the read is whole (summing clipped increases did)
+            totals.rejected = max(totals.rejected, totals.counts.rejected)
         return restarted
 
     def snapshot(self) -> dict[SeriesKey, Counts]:

@@ -7,8 +7,10 @@ all `Counts`, so acceptance, tokens per step and per-position acceptance are def
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import zip_longest
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,22 @@ class Counts:
                 a - b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
             ),
         )
+
+
+def from_spec_object(obj: Mapping[str, Any]) -> Counts:
+    """Counts of one vLLM per-request `metrics.speculative_decoding` object.
+
+    `acceptance_histogram[j]` is the number of steps that accepted exactly j drafts, so the
+    steps that accepted more than i drafts (per position i) are the histogram's tail sums.
+    """
+    histogram = [int(n) for n in obj["acceptance_histogram"]]
+    per_position = tuple(float(sum(histogram[i + 1 :])) for i in range(len(histogram) - 1))
+    return Counts(
+        float(obj["num_spec_steps"]),
+        float(obj["num_draft_tokens"]),
+        float(obj["num_accepted_draft_tokens"]),
+        per_position,
+    )
 
 
 def _combine(a: float | None, b: float | None, sign: int) -> float | None:

@@ -29,7 +29,14 @@ def report(deltas: dict[SeriesKey, Counts]) -> dict[str, Any]:
         {"model_name": model, "engine": engine, **_figures(c)}
         for (model, engine), c in deltas.items()
     ]
-    return {"series": series, "total": _figures(total(list(deltas.values())))}
+    # the issue's contract: "total" has the series' keys except engine, so model_name too (the
+    # one model's name; null when the series span several models)
+    models = {model for model, _ in deltas}
+    model_name = next(iter(models)) if len(models) == 1 else None
+    return {
+        "series": series,
+        "total": {"model_name": model_name, **_figures(total(list(deltas.values())))},
+    }
 
 
 def _figures(c: Counts) -> dict[str, Any]:
@@ -60,7 +67,7 @@ def to_table(doc: dict[str, Any]) -> str:
         "per position",
     )
     rows = [header]
-    for row in [*doc["series"], {"model_name": "TOTAL", "engine": "", **doc["total"]}]:
+    for row in [*doc["series"], {**doc["total"], "model_name": "TOTAL", "engine": ""}]:
         rows.append(
             (
                 row["model_name"],

@@ -93,6 +93,7 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
     values: dict[SeriesKey, dict[str, float]] = {}
     positions: dict[SeriesKey, dict[int, float]] = {}
     created: dict[SeriesKey, list[tuple[str, float]]] = {}
+    broken: set[SeriesKey] = set()  # a bad sample leaves its series incomplete
     for sample in found.samples:
         kind = fams.classify(sample.name)
         if kind is None:
@@ -108,10 +109,12 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
         position = _position(labels.get("position")) if role is Role.PER_POSITION else None
         if role is Role.PER_POSITION and position is None:
             bad += 1
+            broken.add(key)
         elif is_created:
             created[key].append((f"{role}{'' if position is None else position}", sample.value))
         elif not (sample.value >= 0 and sample.value != float("inf")):
             bad += 1  # a counter is finite and non-negative; NaN fails the >= test too
+            broken.add(key)
         elif position is not None:
             positions[key][position] = sample.value
         else:
@@ -122,6 +125,8 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
     ]
     for key, vals in values.items():
         per_pos = positions[key]
+        if key in broken:  # counted above; the rest would pass a bad last position off as k-1
+            continue
         if any(r not in vals for r in required) or (per_pos and max(per_pos) + 1 != len(per_pos)):
             bad += 1  # an incomplete series (truncated page) would look like a restart: skip it
             continue
@@ -136,6 +141,7 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
 
 
 def _position(text: str | None) -> int | None:
-    if text is None or not text.isdigit() or int(text) >= MAX_POSITIONS:
+    # isdigit() alone admits "²" (int() rejects it) and int() rejects > 4300 digits: both raised
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 9:
         return None
-    return int(text)
+    return int(text) if int(text) < MAX_POSITIONS else None

@@ -1,0 +1,77 @@
+"""A streaming OpenAI-API client that measures what the published method measures.
+
+Per request: TTFT (request sent -> first content token), decode rate = completion tokens /
+seconds after the first token, completion tokens, finish reason, and vLLM's per-request
+`metrics.speculative_decoding` object when the server sends one (final usage chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    ttft: float | None
+    decode_seconds: float
+    completion_tokens: int
+    finish_reason: str | None
+    spec: dict[str, Any] | None
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """Completion tokens / seconds after the first token (the published method)."""
+        if self.decode_seconds <= 0:
+            return None
+        return self.completion_tokens / self.decode_seconds
+
+
+class RequestFailed(Exception):
+    """The server answered with an error status or broke the stream."""
+
+
+async def stream_chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> Result:
+    """POST a streaming chat/completions request to `url` and measure it."""
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    first: float | None = None
+    last = sent
+    usage_tokens: int | None = None
+    finish: str | None = None
+    spec: dict[str, Any] | None = None
+    async with session.post(url, json=payload, headers=headers) as resp:
+        if resp.status != 200:
+            raise RequestFailed(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or ():
+                text = (choice.get("delta") or {}).get("content") or choice.get("text")
+                if text:
+                    last = time.perf_counter()
+                    first = last if first is None else first
+                finish = choice.get("finish_reason") or finish
+            if chunk.get("usage") and not chunk.get("choices"):
+                usage_tokens = chunk["usage"].get("completion_tokens")
+                spec = (chunk.get("metrics") or {}).get("speculative_decoding")
+    if usage_tokens is None:
+        raise RequestFailed("the stream ended without a usage chunk")
+    return Result(
+        ttft=None if first is None else first - sent,
+        decode_seconds=0.0 if first is None else last - first,
+        completion_tokens=usage_tokens,
+        finish_reason=finish,
+        spec=spec,
+    )

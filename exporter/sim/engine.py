@@ -1,0 +1,185 @@
+"""The simulated engine: verify steps, counters, per-request objects and the timing model.
+
+One request = a prefill that yields the first token, then verify steps. Each step proposes k
+drafts; the request's profile decides how many are accepted; the step emits accepted + 1
+tokens (the bonus token), cut at max_tokens. Like vLLM, the counters and the per-request object
+count every accepted draft, even those max_tokens cuts from the output.
+
+Timing, from the published dense-27B single-stream figures: a plain step yields 72 tok/s; a
+speculative step with k drafts costs (1 + 0.26 k) plain steps (1.78 at k = 3); prefill 50-100 ms;
+each extra running request slows a step by 4 %. `speed` divides every delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from exporter.counts import Counts
+from exporter.sim.metrics import EngineMetrics
+from exporter.sim.profiles import DEFAULT_PROFILES, Profile
+
+PLAIN_STEP_SECONDS = 1 / 72
+DRAFT_COST = 0.26  # extra cost of one draft token, in plain steps
+BATCH_SLOWDOWN = 0.04
+TEXT = {  # token pieces the simulated model cycles through, per profile
+    "ja_chat": tuple(
+        "うん|、|そう|だ|ね|！|今日|は|少し|寒い|けど|、|元気|だよ|。|あなた|は|どう|？".split("|")
+    ),
+    "code_agent": tuple(
+        "def| parse|(|line|:| str|)| ->| int|:|\n   | return| int|(|line|.|strip|())|\n".split("|")
+    ),
+    "default": tuple("Sure|,| here| is| a| short| answer| to| your| question|.".split("|")),
+}
+LENGTHS = {"ja_chat": (30, 90), "code_agent": (120, 360), "default": (60, 160)}
+
+
+@dataclass(slots=True)
+class Output:
+    """What one engine iteration adds to a request: its new tokens (one chunk on the wire)."""
+
+    tokens: list[str]
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """vLLM's RequestSpecDecodeMetrics for one request."""
+
+    k: int
+    histogram: list[int] = field(default_factory=list)
+    draft_tokens: int = 0
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+    completion_tokens: int = 0
+
+    def to_dict(self, detailed: bool) -> dict[str, object]:
+        steps = sum(self.histogram)
+        accepted = sum(j * n for j, n in enumerate(self.histogram))
+        result: dict[str, object] = {
+            "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+            "draft_acceptance_rate": accepted / self.draft_tokens if self.draft_tokens else 0.0,
+            "acceptance_histogram": list(self.histogram),
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": self.draft_tokens,
+            "num_spec_tokens": self.k,
+        }
+        if detailed and self.per_step_accepted:
+            result["per_step_accepted"] = self.per_step_accepted
+            result["per_step_drafted"] = self.per_step_drafted
+        return result
+
+
+class SimEngine:
+    def __init__(
+        self,
+        model: str,
+        k: int = 3,
+        engines: int = 1,
+        speed: float = 1.0,
+        seed: int = 0,
+        profiles: dict[str, Profile] | None = None,
+    ) -> None:
+        self.model, self.k, self.engines, self.speed = model, k, engines, speed
+        self.profiles = dict(profiles or DEFAULT_PROFILES)
+        self.spec = k > 0
+        self.metrics = EngineMetrics(model, engines, k, self.spec)
+        self.truth: dict[str, Counts] = {}
+        self.running = [0] * engines
+        self._rng = random.Random(seed)
+        self._next_engine = 0
+
+    def restart(self) -> None:
+        """Counters back to zero and new `_created` stamps, like a restarted vLLM."""
+        self.metrics = EngineMetrics(self.model, self.engines, self.k, self.spec)
+
+    def set_spec(self, on: bool) -> None:
+        """Speculation on or off (`spec_off` fault): the counters stay, no drafts are made."""
+        self.spec = on and self.k > 0
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds / self.speed)
+
+    async def generate(
+        self, profile_name: str, prompt_tokens: int, max_tokens: int | None, stats: RequestStats
+    ) -> AsyncGenerator[Output]:
+        """Yield the request's outputs, one per engine iteration, updating every counter."""
+        profile = self.profiles[profile_name]
+        rng = random.Random(self._rng.random())
+        engine = str(self._next_engine)
+        self._next_engine = (self._next_engine + 1) % self.engines
+        labels = (self.model, engine)
+        lo, hi = LENGTHS.get(profile_name, LENGTHS["default"])
+        natural = rng.randint(lo, hi)
+        limit = natural if max_tokens is None else min(natural, max_tokens)
+        words = TEXT.get(profile_name, TEXT["default"])
+        emitted, finish = 0, None
+        self._running(engine, +1)
+        try:
+            start = time.monotonic()
+            await self.sleep(rng.uniform(0.05, 0.10))
+            self.metrics.prompt_tokens.labels(*labels).inc(prompt_tokens)
+            self.metrics.ttft.labels(*labels).observe(time.monotonic() - start)
+            while finish is None:
+                count = 1
+                if emitted:
+                    step_start = time.monotonic()
+                    count = self._step(profile, rng, labels, stats)
+                    await self.sleep(self.step_seconds())
+                    self.metrics.itl.labels(*labels).observe(time.monotonic() - step_start)
+                tokens = [
+                    words[(emitted + i) % len(words)] for i in range(min(count, limit - emitted))
+                ]
+                emitted += len(tokens)
+                stats.completion_tokens = emitted
+                self.metrics.generation_tokens.labels(*labels).inc(len(tokens))
+                if emitted >= limit:
+                    finish = "length" if limit == max_tokens else "stop"
+                yield Output(tokens, finish)
+        finally:  # a client that hung up is an abort, as in vLLM
+            self.metrics.success.labels(*labels, finish or "abort").inc()
+            self._running(engine, -1)
+
+    def step_seconds(self) -> float:
+        """Duration of one decode step now, before `speed` is applied."""
+        cost = 1 + (DRAFT_COST * self.k if self.spec else 0.0)
+        return PLAIN_STEP_SECONDS * cost * (1 + BATCH_SLOWDOWN * (sum(self.running) - 1))
+
+    def _running(self, engine: str, change: int) -> None:
+        self.running[int(engine)] += change
+        self.metrics.running.labels(self.model, engine).set(self.running[int(engine)])
+
+    def _step(
+        self,
+        profile: Profile,
+        rng: random.Random,
+        labels: tuple[str, str],
+        stats: RequestStats,
+    ) -> int:
+        """One decode step: count its drafts everywhere; return the tokens it produced."""
+        if not self.spec:
+            return 1
+        accepted = profile.draw(rng, self.k)
+        m = self.metrics
+        assert m.drafts and m.draft_tokens and m.accepted and m.per_pos
+        m.drafts.labels(*labels).inc()
+        m.draft_tokens.labels(*labels).inc(self.k)
+        m.accepted.labels(*labels).inc(accepted)
+        for pos in range(accepted):
+            m.per_pos.labels(*labels, str(pos)).inc()
+        if not stats.histogram:
+            stats.histogram = [0] * (self.k + 1)
+        stats.histogram[accepted] += 1
+        stats.draft_tokens += self.k
+        stats.per_step_accepted.append(accepted)
+        stats.per_step_drafted.append(self.k)
+        step = Counts(
+            1, self.k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.k))
+        )
+        self.truth[profile.name] = self.truth.get(profile.name, Counts()) + step
+        return accepted + 1

@@ -1,0 +1,306 @@
+"""`specdec sim`: an aiohttp server that behaves like vLLM's OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.exposition import generate_latest
+
+from exporter.counts import Counts
+from exporter.sim.engine import Output, RequestStats, SimEngine
+from exporter.sim.profiles import Profile, classify
+from exporter.sim.wire import Json, Shapes, error, sse, usage
+
+FAULTS = ("slow_metrics", "http_500", "malformed_metrics", "spec_off", "drop_connection_mid_stream")
+PER_REQUEST_LEVELS = ("none", "summary", "detailed")
+
+
+@dataclass
+class SimState:
+    engine: SimEngine
+    per_request: str = "summary"
+    faults: dict[str, float] = field(default_factory=dict)  # name -> value (seconds, chunks)
+    ids: itertools.count[int] = field(default_factory=itertools.count)
+
+
+def build_app(engine: SimEngine, per_request: str = "summary") -> web.Application:
+    state = SimState(engine, per_request)
+    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app["sim"] = state
+    app.router.add_post("/v1/chat/completions", _completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_post("/admin/restart", _restart)
+    app.router.add_post("/admin/profile", _profile)
+    app.router.add_post("/admin/fault", _fault)
+    app.router.add_get("/admin/truth", _truth)
+    return app
+
+
+def _state(request: web.Request) -> SimState:
+    state: SimState = request.app["sim"]
+    return state
+
+
+def _json_error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    return web.json_response(error(status, message, kind, param), status=status)
+
+
+async def _health(_: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _models(request: web.Request) -> web.Response:
+    engine = _state(request).engine
+    card = {
+        "id": engine.model,
+        "object": "model",
+        "created": int(engine.metrics.started),
+        "owned_by": "vllm",
+        "root": engine.model,
+        "parent": None,
+        "max_model_len": 32768,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    state = _state(request)
+    if "http_500" in state.faults:
+        return web.Response(status=500, text="Internal Server Error")
+    if "slow_metrics" in state.faults:
+        await asyncio.sleep(state.faults["slow_metrics"])
+    body = generate_latest(state.engine.metrics.registry)
+    if "malformed_metrics" in state.faults:
+        body += b'vllm:spec_decode_num_drafts_total{engine="0",model_name="x" 1\n\x00garbage{{{\n'
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    state = _state(request)
+    chat = request.path.endswith("/chat/completions")
+    if "http_500" in state.faults:
+        return _json_error(500, "simulated failure", "InternalServerError")
+    try:
+        body = await request.json()
+        assert isinstance(body, dict)
+    except (ValueError, AssertionError):
+        return _json_error(400, "request body must be a JSON object", "BadRequestError")
+    engine = state.engine
+    if body.get("model", engine.model) != engine.model:
+        message = f"The model `{body.get('model')}` does not exist."
+        return _json_error(404, message, "NotFoundError", "model")
+    prompt = _prompt_text(body, chat)
+    if prompt is None:
+        message = "messages (chat) or prompt (completions) is required"
+        return _json_error(400, message, "BadRequestError")
+    n = body.get("n") or 1
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if not _positive_int(n) or not (max_tokens is None or _positive_int(max_tokens)):
+        return _json_error(400, "n and max_tokens must be positive integers", "BadRequestError")
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
+    run = Run(
+        state,
+        Shapes(chat, request_id, int(time.time()), engine.model),
+        prompt_tokens=max(1, len(prompt.encode()) // 3),
+        stats=[RequestStats(engine.k) for _ in range(n)],
+    )
+    profile = classify(prompt, bool(body.get("tools")))
+    gens = [engine.generate(profile, run.prompt_tokens, max_tokens, s) for s in run.stats]
+    outputs = _merged(gens)
+    try:
+        if body.get("stream"):
+            return await run.stream(request, outputs, body.get("stream_options") or {})
+        return await run.whole(outputs)
+    except ConnectionResetError:  # the client hung up: vLLM aborts the request, so do we
+        return web.Response(status=499)
+    finally:
+        await outputs.aclose()
+
+
+@dataclass
+class Run:
+    """One completion request being served."""
+
+    state: SimState
+    shapes: Shapes
+    prompt_tokens: int
+    stats: list[RequestStats]
+
+    def spec_metrics(self) -> Json | None:
+        """`metrics` as vLLM fills it: only with the flag on, speculation configured and n == 1."""
+        level = self.state.per_request
+        if level == "none" or len(self.stats) != 1 or self.state.engine.k == 0:
+            return None
+        return {"speculative_decoding": self.stats[0].to_dict(level == "detailed")}
+
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.stats)
+
+    async def whole(self, outputs: AsyncIterator[tuple[int, Output]]) -> web.Response:
+        texts, finishes = [""] * len(self.stats), ["stop"] * len(self.stats)
+        async for index, out in outputs:
+            texts[index] += "".join(out.tokens)
+            finishes[index] = out.finish_reason or finishes[index]
+        body = self.shapes.response(
+            self.prompt_tokens, self.completion_tokens(), texts, finishes, self.spec_metrics()
+        )
+        return web.json_response(body, dumps=_dumps)
+
+    async def stream(
+        self, request: web.Request, outputs: AsyncIterator[tuple[int, Output]], options: Json
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        continuous = bool(options.get("continuous_usage_stats"))
+        drop_after = self.state.faults.get("drop_connection_mid_stream")
+
+        def send(chunk: Json, completion: int) -> bytes:
+            if continuous:
+                chunk["usage"] = usage(self.prompt_tokens, completion)
+            return sse(chunk)
+
+        if self.shapes.chat:
+            for i in range(len(self.stats)):
+                await resp.write(send(self.shapes.role_chunk(i), 0))
+        chunks = 0
+        async for index, out in outputs:
+            text = "".join(out.tokens)
+            chunk = self.shapes.content_chunk(index, text, out.finish_reason)
+            await resp.write(send(chunk, self.stats[index].completion_tokens))
+            chunks += 1
+            if drop_after is not None and chunks >= drop_after and request.transport is not None:
+                request.transport.close()  # a simulated network failure: no usage, no [DONE]
+                return resp
+        if options.get("include_usage"):
+            chunk = self.shapes.usage_chunk(
+                self.prompt_tokens, self.completion_tokens(), self.spec_metrics()
+            )
+            await resp.write(sse(chunk))
+        await resp.write(sse("[DONE]"))
+        await resp.write_eof()
+        return resp
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+async def _merged(gens: list[AsyncGenerator[Output]]) -> AsyncGenerator[tuple[int, Output]]:
+    """Interleave the outputs of n choices as they come, tagged with the choice index."""
+    if len(gens) == 1:
+        try:
+            async for out in gens[0]:
+                yield 0, out
+        finally:  # close now, so a hang-up is counted as an abort at once
+            await gens[0].aclose()
+        return
+    queue: asyncio.Queue[tuple[int, Output | None]] = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncGenerator[Output]) -> None:
+        try:
+            async for out in gen:
+                await queue.put((i, out))
+            await queue.put((i, None))
+        finally:
+            await gen.aclose()
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _prompt_text(body: Json, chat: bool) -> str | None:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        parts = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):  # [{"type": "text", "text": ...}]
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(str(content or ""))
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(map(str, prompt))
+    return prompt if isinstance(prompt, str) and prompt else None
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _restart(request: web.Request) -> web.Response:
+    _state(request).engine.restart()
+    return web.json_response({"restarted": True})
+
+
+async def _profile(request: web.Request) -> web.Response:
+    body = await request.json()
+    engine = _state(request).engine
+    name, acceptance = body.get("name"), body.get("acceptance")
+    if (
+        not isinstance(acceptance, int | float)
+        or not 0 <= acceptance <= 1
+        or not isinstance(name, str)
+    ):
+        return _json_error(400, "expected {name, acceptance in [0, 1], decay?}", "BadRequestError")
+    decay = float(body.get("decay", engine.profiles.get(name, Profile(name, 0)).decay))
+    engine.profiles[name] = Profile(name, float(acceptance), decay)
+    return web.json_response({"name": name, "acceptance": acceptance, "decay": decay})
+
+
+async def _fault(request: web.Request) -> web.Response:
+    """{"name": one of FAULTS, "enabled": bool, "value": seconds (slow_metrics) or chunks}"""
+    body = await request.json()
+    state = _state(request)
+    name = body.get("name")
+    if name not in FAULTS:
+        return _json_error(400, f"name must be one of {', '.join(FAULTS)}", "BadRequestError")
+    if body.get("enabled", True):
+        state.faults[name] = float(body.get("value", 2.0 if name == "slow_metrics" else 3))
+    else:
+        state.faults.pop(name, None)
+    if name == "spec_off":
+        state.engine.set_spec("spec_off" not in state.faults)
+    return web.json_response({"faults": state.faults})
+
+
+async def _truth(request: web.Request) -> web.Response:
+    """What the simulator really did per profile since it started (restarts included)."""
+    truth: dict[str, Counts] = _state(request).engine.truth
+    return web.json_response(
+        {
+            name: {
+                "drafts": c.drafts,
+                "draft_tokens": c.draft_tokens,
+                "accepted": c.accepted,
+                "per_position": list(c.per_position),
+            }
+            for name, c in truth.items()
+        }
+    )
