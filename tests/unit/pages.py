@@ -1,0 +1,116 @@
+"""Helpers that build /metrics pages from the fixture pages with known changes.
+
+The fixtures are realistic vLLM 0.33 pages. Tests rewrite only the spec-decode sample lines
+(`<prefix>spec_decode_num_<family>_total|_created{labels} value`) and leave the ~600 other
+lines alone, so the scanner still has to find its lines in a real page.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+ONE_ENGINE = FIXTURES / "vllm-0.33-1engine-k3.prom"
+FOUR_ENGINES = FIXTURES / "vllm-0.33-4engine-k5.prom"
+BAD_CONFIGS = FIXTURES / "bad_configs"
+
+MODEL = "Qwen/Qwen3-32B"
+LEAD = "vllm:spec_decode_num_"
+
+# The numbers on both fixture pages, per engine (read off the files by hand).
+BASE_DRAFTS = 1.2e6
+BASE_DRAFT_TOKENS = 3.6e6
+BASE_ACCEPTED = 2.04e6
+BASE_PER_POS_K3 = (900000.0, 680000.0, 460000.0)
+BASE_PER_POS_K5 = (900000.0, 680000.0, 460000.0, 100000.0, 100000.0)
+
+_LINE = re.compile(
+    r"^(?P<name>vllm:spec_decode_num_(?P<family>[a-z_]+?)_(?P<kind>total|created))"
+    r"\{(?P<labels>[^}]*)\} (?P<value>\S+)$",
+    re.MULTILINE,
+)
+_LABEL = re.compile(r'([a-z_]+)="([^"]*)"')
+
+Rewrite = Callable[[str, dict[str, str], float], float]
+
+
+def one_engine() -> str:
+    return ONE_ENGINE.read_text(encoding="utf-8")
+
+
+def four_engines() -> str:
+    return FOUR_ENGINES.read_text(encoding="utf-8")
+
+
+def rewrite(text: str, fn: Rewrite, kind: str = "total") -> str:
+    """Replace the value of every spec-decode `_total` (or `_created`) sample with
+    fn(family, labels, old_value); family is e.g. "drafts" or "accepted_tokens_per_pos"."""
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group("kind") != kind:
+            return match.group()
+        labels = dict(_LABEL.findall(match.group("labels")))
+        value = fn(match.group("family"), labels, float(match.group("value")))
+        return f"{match.group('name')}{{{match.group('labels')}}} {value!r}"
+
+    result, n = _LINE.subn(sub, text)
+    assert n > 0, "no spec-decode lines to rewrite"
+    return result
+
+
+def bump(
+    text: str,
+    drafts: float = 0.0,
+    draft_tokens: float = 0.0,
+    accepted: float = 0.0,
+    per_pos: Iterable[float] = (),
+    engines: Iterable[str] | None = None,
+) -> str:
+    """Add the given increments to the counters of `engines` (all engines when None)."""
+    per_pos = tuple(per_pos)
+    only = None if engines is None else set(engines)
+
+    def fn(family: str, labels: dict[str, str], value: float) -> float:
+        if only is not None and labels.get("engine") not in only:
+            return value
+        if family == "accepted_tokens_per_pos":
+            i = int(labels["position"])
+            return value + (per_pos[i] if i < len(per_pos) else 0.0)
+        step = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
+        return value + step[family]
+
+    return rewrite(text, fn)
+
+
+def set_counts(
+    text: str,
+    drafts: float,
+    draft_tokens: float,
+    accepted: float,
+    per_pos: Iterable[float],
+    engines: Iterable[str] | None = None,
+) -> str:
+    """Set the counters of `engines` (all when None) to absolute values (e.g. after a reset)."""
+    per_pos = tuple(per_pos)
+    only = None if engines is None else set(engines)
+
+    def fn(family: str, labels: dict[str, str], value: float) -> float:
+        if only is not None and labels.get("engine") not in only:
+            return value
+        if family == "accepted_tokens_per_pos":
+            return per_pos[int(labels["position"])]
+        return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}[family]
+
+    return rewrite(text, fn)
+
+
+def shift_created(text: str, seconds: float) -> str:
+    """Move every `_created` stamp (what a restarted engine shows)."""
+    return rewrite(text, lambda _f, _l, v: v + seconds, kind="created")
+
+
+def drop_lines(text: str, predicate: Callable[[str], bool]) -> str:
+    """Remove the lines for which predicate(line) is true."""
+    return "".join(line for line in text.splitlines(keepends=True) if not predicate(line))
