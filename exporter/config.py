@@ -7,30 +7,25 @@ CLI flags build the same `Config` (`from_flags`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import string
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 import yaml
 
 from exporter.engines import ENGINE_KINDS
-from exporter.windows import DEFAULT_WINDOWS, Window, parse_window
+from exporter.windows import DEFAULT_WINDOWS, Window
+from exporter.yamlnodes import ConfigError, Reader
+
+__all__ = ["Config", "ConfigError", "ModelConfig", "ProxyConfig", "Route", "Target", "load"]
 
 DEFAULT_LISTEN = ("0.0.0.0", 10419)
+DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
 DEFAULT_INTERVAL = 1.0
 DEFAULT_TIMEOUT = 2.0
-
-T = TypeVar("T")
-
-
-class ConfigError(Exception):
-    """A configuration error, located: `file:line: key: message`."""
-
-    def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
-        where = source if line is None else f"{source}:{line}"
-        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+CONDITIONS = ("header", "path_prefix", "model", "user", "api_key_sha256_prefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +41,53 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """A named route and the conditions a request must all meet to take it."""
+
+    name: str
+    headers: tuple[tuple[str, str], ...] = ()  # (lower-case name, exact value)
+    path_prefix: str | None = None
+    model: str | None = None
+    user: str | None = None
+    api_key_sha256_prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    upstream: str
+    listen: tuple[str, int] = DEFAULT_PROXY_LISTEN
+    target: str | None = None
+    routes: tuple[Route, ...] = ()
+    default_route: str = "other"
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        """Every value the `route` label can take: the configured names, nothing else."""
+        return tuple(dict.fromkeys([*(r.name for r in self.routes), self.default_route]))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What the payoff figures need to know about a served model."""
+
+    name: str
+    num_speculative_tokens: int
+    step_cost_ratio: float
+    plain_decode_tokens_per_second: float | None = None
+    bytes_per_token: float | None = None
+    memory_bandwidth_bytes_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     listen: tuple[str, int]
     targets: tuple[Target, ...]
     windows: tuple[Window, ...] = DEFAULT_WINDOWS
+    proxy: ProxyConfig | None = None
+    models: tuple[ModelConfig, ...] = field(default=())
 
 
 def load(path: str | Path) -> Config:
@@ -64,19 +102,18 @@ def load(path: str | Path) -> Config:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = None if mark is None else mark.line + 1
-        raise ConfigError(
-            source, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}"
-        ) from exc
+        message = f"not valid YAML: {getattr(exc, 'problem', exc)}"
+        raise ConfigError(source, line, "", message) from exc
     if root is None:
         raise ConfigError(source, 1, "", "the file is empty; it needs at least `targets:`")
-    return _Reader(source).config(root)
+    return _ConfigReader(source).config(root)
 
 
 def from_flags(
     targets: list[str], listen: str | None, interval: float, windows: list[str] | None
 ) -> Config:
     """The zero-config form: `--target URL` (repeatable), `--listen`, `--interval`, `--window`."""
-    reader = _Reader("command line")
+    reader = Reader("command line")
     parsed = []
     for i, url in enumerate(targets):
         reader.check_url(url, None, f"--target[{i}]")
@@ -84,8 +121,8 @@ def from_flags(
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
         raise ConfigError("command line", None, "--target", "the same host:port is given twice")
-    if interval <= 0:
-        raise ConfigError("command line", None, "--interval", "must be greater than zero")
+    if not 0 < interval <= 3600:
+        raise ConfigError("command line", None, "--interval", "must be between 0 and 3600 seconds")
     return Config(
         listen=DEFAULT_LISTEN
         if listen is None
@@ -108,96 +145,36 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{host}{parts.path}" + ("?..." if parts.query else "")
 
 
-class _Reader:
-    """Walks the YAML node tree, converting and checking as it goes."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, node: yaml.Node | None, key: str, message: str) -> ConfigError:
-        return ConfigError(
-            self.source, None if node is None else node.start_mark.line + 1, key, message
-        )
-
-    def mapping(
-        self, node: yaml.Node, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
-    ) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, key, "expected a mapping of key: value")
-        result: dict[str, yaml.Node] = {}
-        for k, v in node.value:
-            name = k.value if isinstance(k, yaml.ScalarNode) else None
-            where = f"{key}.{name}" if key else str(name)
-            if name not in allowed:
-                raise self.fail(k, where, f"unknown key; expected one of: {', '.join(allowed)}")
-            if name in result:
-                raise self.fail(k, where, "given twice")
-            result[name] = v
-        for name in required:
-            if name not in result:
-                raise self.fail(node, f"{key}.{name}" if key else name, "missing (required)")
-        return result
-
-    def scalar(self, node: yaml.Node, key: str, convert: Callable[[str], T], what: str) -> T:
-        if not isinstance(node, yaml.ScalarNode) or node.value == "":
-            raise self.fail(node, key, f"expected {what}")
-        try:
-            return convert(node.value)
-        except ValueError as exc:
-            raise self.fail(node, key, f"expected {what}, got {node.value!r} ({exc})") from None
-
-    def seconds(self, node: yaml.Node, key: str) -> float:
-        value = self.scalar(node, key, _seconds, "a duration such as 1, 2.5, 500ms or 10s")
-        if not 0 < value <= 3600:
-            raise self.fail(node, key, f"must be between 0 and 1h, got {node.value!r}")
-        return value
-
-    def window(self, text: str, node: yaml.Node | None, key: str) -> Window:
-        try:
-            return parse_window(text)
-        except ValueError as exc:
-            raise self.fail(node, key, str(exc)) from None
-
-    def check_url(self, url: str, node: yaml.Node | None, key: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise self.fail(node, key, f"expected an http(s)://HOST:PORT/metrics URL, got {url!r}")
-        try:
-            parts.port  # noqa: B018  (raises ValueError: port not a number or out of range)
-        except ValueError:
-            raise self.fail(node, key, f"bad port in URL {url!r}") from None
-        return url
-
-    def listen_address(self, text: str, node: yaml.Node | None, key: str) -> tuple[str, int]:
-        host, sep, port = text.rpartition(":")
-        digits = port.isascii() and port.isdigit() and len(port) <= 5  # int("²") raises
-        if not sep or not digits or not 0 < int(port) < 65536:
-            raise self.fail(node, key, f"expected HOST:PORT (or :PORT), got {text!r}")
-        return (host.strip("[]") or "0.0.0.0", int(port))
-
+class _ConfigReader(Reader):
     def config(self, root: yaml.Node) -> Config:
-        top = self.mapping(root, "", ("listen", "targets", "windows"), required=("targets",))
+        allowed = ("listen", "targets", "windows", "proxy", "models")
+        top = self.mapping(root, "", allowed, required=("targets",))
         listen = DEFAULT_LISTEN
         if "listen" in top:
             text = self.scalar(top["listen"], "listen", str, "HOST:PORT")
             listen = self.listen_address(text, top["listen"], "listen")
-        windows = DEFAULT_WINDOWS
-        if "windows" in top:
-            windows = self.windows(top["windows"])
+        windows = self.windows(top["windows"]) if "windows" in top else DEFAULT_WINDOWS
         seq = top["targets"]
         if not isinstance(seq, yaml.SequenceNode) or not seq.value:
             raise self.fail(seq, "targets", "expected a non-empty list of targets")
         targets = tuple(self.target(n, f"targets[{i}]") for i, n in enumerate(seq.value))
+        self.unique([t.name for t in targets], seq.value, "targets", "name")
+        proxy = self.proxy(top["proxy"], targets) if "proxy" in top else None
+        models: tuple[ModelConfig, ...] = ()
+        if "models" in top:
+            nodes = self.sequence(top["models"], "models")
+            models = tuple(self.model(n, f"models[{i}]") for i, n in enumerate(nodes))
+            self.unique([m.name for m in models], nodes, "models", "name")
+        return Config(listen, targets, windows, proxy, models)
+
+    def unique(self, names: list[str], nodes: list[yaml.Node], key: str, field: str) -> None:
         seen: dict[str, int] = {}
-        for i, t in enumerate(targets):
-            if t.name in seen:
+        for i, name in enumerate(names):
+            if name in seen:
                 raise self.fail(
-                    seq.value[i],
-                    f"targets[{i}].name",
-                    f"{t.name!r} is also targets[{seen[t.name]}]",
+                    nodes[i], f"{key}[{i}].{field}", f"{name!r} is also {key}[{seen[name]}]"
                 )
-            seen[t.name] = i
-        return Config(listen=listen, targets=targets, windows=windows)
+            seen[name] = i
 
     def windows(self, node: yaml.Node) -> tuple[Window, ...]:
         if not isinstance(node, yaml.SequenceNode) or not node.value:
@@ -220,23 +197,18 @@ class _Reader:
         if "engine" in m:
             engine = self.scalar(m["engine"], f"{key}.engine", str, "an engine kind")
             if engine not in ENGINE_KINDS:
+                kinds = ", ".join(ENGINE_KINDS)
                 raise self.fail(
-                    m["engine"],
-                    f"{key}.engine",
-                    f"expected one of {', '.join(ENGINE_KINDS)}, got {engine!r}",
+                    m["engine"], f"{key}.engine", f"expected one of {kinds}, got {engine!r}"
                 )
-        name = default_name(url)
-        if "name" in m:
-            name = self.scalar(m["name"], f"{key}.name", str, "a name")
-            if not all(c.isalnum() or c in "_.:-" for c in name):
+        name = self.name(m["name"], f"{key}.name") if "name" in m else default_name(url)
+        prefix = None
+        if "prefix" in m:
+            prefix = self.scalar(m["prefix"], f"{key}.prefix", str, "a metric prefix such as vllm:")
+            if not all(c in string.ascii_letters + string.digits + "_:" for c in prefix):
                 raise self.fail(
-                    m["name"], f"{key}.name", f"use letters, digits and _.:- only, got {name!r}"
+                    m["prefix"], f"{key}.prefix", f"not a metric name prefix: {prefix!r}"
                 )
-        prefix = (
-            self.scalar(m["prefix"], f"{key}.prefix", str, "a metric prefix such as vllm:")
-            if "prefix" in m
-            else None
-        )
         interval = (
             self.seconds(m["interval"], f"{key}.interval") if "interval" in m else DEFAULT_INTERVAL
         )
@@ -245,10 +217,127 @@ class _Reader:
         )
         return Target(name, url, engine, prefix, interval, timeout)
 
+    def proxy(self, node: yaml.Node, targets: tuple[Target, ...]) -> ProxyConfig:
+        fields = (
+            "listen",
+            "upstream",
+            "target",
+            "routes",
+            "default_route",
+            "max_body_bytes",
+            "connect_timeout",
+            "read_timeout",
+        )
+        m = self.mapping(node, "proxy", fields, required=("upstream",))
+        upstream = self.scalar(m["upstream"], "proxy.upstream", str, "a URL")
+        parts = urlsplit(self.check_url(upstream, m["upstream"], "proxy.upstream"))
+        if parts.path not in ("", "/") or parts.query or parts.username:
+            raise self.fail(m["upstream"], "proxy.upstream", "expected http(s)://HOST:PORT only")
+        config = ProxyConfig(upstream=f"{parts.scheme}://{parts.netloc}")
+        listen = config.listen
+        if "listen" in m:
+            text = self.scalar(m["listen"], "proxy.listen", str, "HOST:PORT")
+            listen = self.listen_address(text, m["listen"], "proxy.listen")
+        target = None
+        if "target" in m:
+            target = self.name(m["target"], "proxy.target")
+            if target not in {t.name for t in targets}:
+                raise self.fail(m["target"], "proxy.target", f"no target is named {target!r}")
+        routes: tuple[Route, ...] = ()
+        if "routes" in m:
+            nodes = self.sequence(m["routes"], "proxy.routes")
+            routes = tuple(self.route(n, f"proxy.routes[{i}]") for i, n in enumerate(nodes))
+            self.unique([r.name for r in routes], nodes, "proxy.routes", "name")
+        default = (
+            self.name(m["default_route"], "proxy.default_route")
+            if "default_route" in m
+            else "other"
+        )
+        max_body = config.max_body_bytes
+        if "max_body_bytes" in m:
+            max_body = int(self.number(m["max_body_bytes"], "proxy.max_body_bytes", 1024, 1 << 30))
+        connect = (
+            self.seconds(m["connect_timeout"], "proxy.connect_timeout")
+            if "connect_timeout" in m
+            else 5.0
+        )
+        read = (
+            self.seconds(m["read_timeout"], "proxy.read_timeout") if "read_timeout" in m else 600.0
+        )
+        return ProxyConfig(
+            config.upstream, listen, target, routes, default, max_body, connect, read
+        )
 
-def _seconds(text: str) -> float:
-    """'2', '2.5', '500ms', '10s', '1m' -> seconds."""
-    for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * scale
-    return float(text)
+    def route(self, node: yaml.Node, key: str) -> Route:
+        m = self.mapping(node, key, ("name", "when"), required=("name", "when"))
+        name = self.name(m["name"], f"{key}.name")
+        when = self.mapping(m["when"], f"{key}.when", CONDITIONS)
+        if not when:
+            raise self.fail(
+                m["when"], f"{key}.when", f"give at least one of {', '.join(CONDITIONS)}"
+            )
+        headers: list[tuple[str, str]] = []
+        if "header" in when:
+            node_h = when["header"]
+            if not isinstance(node_h, yaml.MappingNode) or not node_h.value:
+                raise self.fail(
+                    node_h, f"{key}.when.header", "expected a mapping of Header-Name: value"
+                )
+            for k, v in node_h.value:
+                header = self.scalar(k, f"{key}.when.header", str, "a header name")
+                headers.append(
+                    (header.lower(), self.scalar(v, f"{key}.when.header.{header}", str, "a value"))
+                )
+        text = {
+            c: self.scalar(when[c], f"{key}.when.{c}", str, "a string")
+            for c in CONDITIONS[1:]
+            if c in when
+        }
+        prefix = text.get("path_prefix")
+        if prefix is not None and (
+            not prefix.startswith("/") or prefix.endswith("/") or len(prefix) < 2
+        ):
+            raise self.fail(
+                when["path_prefix"], f"{key}.when.path_prefix", f"expected /SEGMENT, got {prefix!r}"
+            )
+        key_prefix = text.get("api_key_sha256_prefix")
+        if key_prefix is not None and (
+            len(key_prefix) < 8 or not all(c in string.hexdigits for c in key_prefix)
+        ):
+            raise self.fail(
+                when["api_key_sha256_prefix"],
+                f"{key}.when.api_key_sha256_prefix",
+                "expected at least 8 hex digits of the key's sha256",
+            )
+        return Route(
+            name,
+            tuple(headers),
+            prefix,
+            text.get("model"),
+            text.get("user"),
+            None if key_prefix is None else key_prefix.lower(),
+        )
+
+    def model(self, node: yaml.Node, key: str) -> ModelConfig:
+        fields = (
+            "name",
+            "num_speculative_tokens",
+            "step_cost_ratio",
+            "plain_decode_tokens_per_second",
+            "bytes_per_token",
+            "memory_bandwidth_bytes_per_second",
+        )
+        m = self.mapping(
+            node, key, fields, required=("name", "num_speculative_tokens", "step_cost_ratio")
+        )
+        name = self.scalar(m["name"], f"{key}.name", str, "the model_name vLLM reports")
+        k = self.number(m["num_speculative_tokens"], f"{key}.num_speculative_tokens", 1, 64)
+        if k != int(k):
+            raise self.fail(
+                m["num_speculative_tokens"],
+                f"{key}.num_speculative_tokens",
+                "expected a whole number",
+            )
+        cost = self.number(m["step_cost_ratio"], f"{key}.step_cost_ratio", 1.0, 100.0)
+        optional = {f: self.number(m[f], f"{key}.{f}", 1e-9, 1e18) for f in fields[3:] if f in m}
+        return ModelConfig(name, int(k), cost, **optional)

@@ -8,7 +8,7 @@ that went down or a changed `_created` stamp; the increase since a restart is th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.counts import Counts
 from exporter.engines import Page, RawSeries, SeriesKey
@@ -22,6 +22,13 @@ class SeriesTotals:
     counts: Counts
     rejected: float
     restarts: int = 0
+    first: RawSeries = field(default_factory=lambda: RawSeries(Counts(), ()))
+
+    @property
+    def since_first_sight(self) -> Counts:
+        """The work done since the sidecar first saw the series (its running sum started at the
+        engine's lifetime value then)."""
+        return self.counts - self.first.counts
 
 
 class CounterStore:
@@ -36,7 +43,7 @@ class CounterStore:
         for key, raw in page.series.items():
             totals = self.series.get(key)
             if totals is None:  # first sight: the engine's lifetime value is our starting point
-                self.series[key] = SeriesTotals(raw, raw.counts, raw.counts.rejected)
+                self.series[key] = SeriesTotals(raw, raw.counts, raw.counts.rejected, first=raw)
                 continue
             restart = is_restart(totals.last, raw)
             if not restart and len(raw.counts.per_position) < len(totals.last.counts.per_position):

@@ -1,10 +1,11 @@
 """`specdec demo`: the whole bundle on a laptop, in one process.
 
-Starts the vLLM simulator, the sidecar scraping it, and traffic from two workloads sharing the
-engine (Japanese voice chat, an English coding agent); prints the URLs, then every few seconds
-one line per workload (from vLLM's per-request objects) and one for the engine (from the
-sidecar's rolling window). `--with-prometheus` also runs Debian's prometheus on the repo's
-prometheus.yml. Ctrl-C stops everything.
+Starts the vLLM simulator, the sidecar scraping it with its route-tagging proxy in front, and
+traffic from two workloads sharing the engine through the proxy (Japanese voice chat tagged by
+a header, an English coding agent by a path prefix); prints the URLs, then every few seconds
+one line per route (the proxy's exact per-request accounting) and one for the engine (the
+sidecar's rolling window over vLLM's counters). `--with-prometheus` also runs Debian's
+prometheus on the repo's prometheus.yml. Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -17,20 +18,22 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
 from exporter.client import RequestFailed, stream_chat
-from exporter.config import Config, Target
-from exporter.counts import Counts, from_spec_object, ratios, total
+from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
+from exporter.counts import ratios, total
 from exporter.scenarios import Scenario, builtin
 from exporter.sidecar import Sidecar
-from exporter.sim.engine import SimEngine
+from exporter.sim.engine import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
 from exporter.sim.server import build_app
 from exporter.windows import DEFAULT_WINDOWS
+
+MODEL = "sim-27b"
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Options:
     host: str = "127.0.0.1"
     sim_port: int = 8000
     sidecar_port: int = 10419
+    proxy_port: int = 8001
     speed: float = 1.0
     concurrency: int = 2
     report_every: float = 5.0
@@ -46,98 +50,113 @@ class Options:
     prometheus_port: int = 9090
 
 
-@dataclass
-class Tally:
-    """What one workload's requests did, from their per-request objects."""
-
-    requests: int = 0
-    failures: int = 0
-    counts: Counts = field(default_factory=Counts)
-    tokens: int = 0
-    decode_seconds: float = 0.0
-
-    def line(self, name: str) -> str:
-        r = ratios(self.counts)
-        rate = self.tokens / self.decode_seconds if self.decode_seconds else 0.0
-        acc = "-" if r.acceptance is None else f"{100 * r.acceptance:5.1f}%"
-        tps = "-" if r.mean_acceptance_length is None else f"{r.mean_acceptance_length:.2f}"
-        c = self.counts
-        return (
-            f"{name:<13} acceptance {acc} ({c.accepted:.0f}/{c.draft_tokens:.0f})"
-            f"  tokens/step {tps}  decode {rate:6.1f} tok/s  requests {self.requests}"
-            + (f"  failed {self.failures}" if self.failures else "")
-        )
+@dataclass(frozen=True)
+class Workload:
+    route: str
+    scenario: str
+    max_tokens: int
+    path: str
+    headers: dict[str, str]
 
 
-WORKLOADS = (("voice_chat", "ja_chat", 160), ("coding_agent", "code_agent", 400))
+WORKLOADS = (
+    Workload("voice_chat", "ja_chat", 160, "/v1/chat/completions", {"X-Route": "voice"}),
+    Workload("coding_agent", "code_agent", 400, "/agent/v1/chat/completions", {}),
+)
+
+
+def config(opts: Options) -> Config:
+    """The sidecar config the demo runs: one target, the proxy with two routes, the model."""
+    base = f"http://{opts.host}"
+    routes = (
+        Route("voice_chat", headers=(("x-route", "voice"),)),
+        Route("coding_agent", path_prefix="/agent"),
+    )
+    step_cost = 1 + DRAFT_COST * 3
+    return Config(
+        listen=(opts.host, opts.sidecar_port),
+        targets=(Target("sim", f"{base}:{opts.sim_port}/metrics"),),
+        windows=DEFAULT_WINDOWS,
+        proxy=ProxyConfig(f"{base}:{opts.sim_port}", (opts.host, opts.proxy_port), "sim", routes),
+        models=(ModelConfig(MODEL, 3, step_cost, 1 / PLAIN_STEP_SECONDS),),
+    )
 
 
 async def _traffic(
     session: aiohttp.ClientSession,
-    url: str,
-    model: str,
+    base: str,
+    load: Workload,
     scenario: Scenario,
-    max_tokens: int,
-    tally: Tally,
     offset: int,
+    failures: list[int],
 ) -> None:
     for i in itertools.count(offset):
-        body = {"model": model, "messages": scenario.messages(i), "max_tokens": max_tokens}
+        body = {"model": MODEL, "messages": scenario.messages(i), "max_tokens": load.max_tokens}
         try:
-            result = await stream_chat(session, url, body)
+            await stream_chat(session, base + load.path, body, headers=load.headers)
         except (RequestFailed, aiohttp.ClientError):
-            tally.failures += 1
+            failures[0] += 1
             await asyncio.sleep(1.0)
-            continue
-        tally.requests += 1
-        tally.tokens += result.completion_tokens
-        tally.decode_seconds += result.decode_seconds
-        if result.spec is not None:
-            tally.counts = tally.counts + from_spec_object(result.spec)
 
 
-def _engine_line(sidecar: Sidecar) -> str:
+def route_line(sidecar: Sidecar, route: str) -> str:
+    """Since-start acceptance and tokens per step, and the last window's decode rate."""
+    assert sidecar.proxy is not None
+    acc = sidecar.proxy.accounting
+    counts = total([c for (r, _), c in acc.snapshot().items() if r == route])
+    r = ratios(counts)
+    if r.acceptance is None or r.mean_acceptance_length is None:
+        return f"{route:<13} no completed requests yet"
+    window = acc.decode_history.windows[0]
+    decode = [
+        d
+        for (name, _), d in acc.decode_history.increase(window, time.monotonic()).items()
+        if name == route
+    ]
+    rate = f"{decode[0].rate:6.1f}" if decode and decode[0].rate else "     -"
+    requests = sum(n for (name, _, _), n in acc.requests.items() if name == route)
+    share = f"({counts.accepted:.0f}/{counts.draft_tokens:.0f})"
+    return (
+        f"{route:<13} acceptance {100 * r.acceptance:5.1f}% {share}"
+        f"  tokens/step {r.mean_acceptance_length:.2f}  decode {rate} tok/s"
+        f"  requests {requests}"
+    )
+
+
+def engine_line(sidecar: Sidecar) -> str:
     state = sidecar.targets[0]
     window = state.history.windows[0]
-    increases = state.history.increase(window, time.monotonic())
-    r = ratios(total(list(increases.values())))
+    r = ratios(total(list(state.history.increase(window, time.monotonic()).values())))
     if r.acceptance is None or r.mean_acceptance_length is None:
         return f"{'engine':<13} no drafts in the last {window.label} yet"
     return (
-        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}% over {window.label} (sidecar)"
+        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}% over {window.label} (vLLM counters)"
         f"  tokens/step {r.mean_acceptance_length:.2f}"
     )
 
 
 async def run(opts: Options) -> None:
-    engine = SimEngine("sim-27b", speed=opts.speed)
-    base = f"http://{opts.host}"
-    config = Config(
-        listen=(opts.host, opts.sidecar_port),
-        targets=(Target("sim", f"{base}:{opts.sim_port}/metrics"),),
-        windows=DEFAULT_WINDOWS,
-    )
-    sidecar = Sidecar(config)
-    runners = []
-    for app, port in (
-        (build_app(engine, "summary"), opts.sim_port),
-        (sidecar.app(), opts.sidecar_port),
-    ):
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, opts.host, port).start()
-        runners.append(runner)
-    with _prometheus(opts) as prometheus:
-        try:
-            await _report(opts, engine, sidecar, prometheus)
-        finally:
-            for runner in reversed(runners):
-                await runner.cleanup()
+    engine = SimEngine(MODEL, speed=opts.speed)
+    runner = web.AppRunner(build_app(engine, "summary"), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, opts.host, opts.sim_port).start()
+    sidecar = Sidecar(config(opts))
+    try:
+        await sidecar.start()
+        with _prometheus(opts) as prometheus:
+            await _report(opts, sidecar, prometheus)
+    finally:
+        await sidecar.stop()
+        await runner.cleanup()
 
 
-async def _report(opts: Options, engine: SimEngine, sidecar: Sidecar, prometheus: bool) -> None:
+async def _report(opts: Options, sidecar: Sidecar, prometheus: bool) -> None:
     base = f"http://{opts.host}"
     print(f"simulated vLLM   {base}:{opts.sim_port}/v1  (metrics: {base}:{opts.sim_port}/metrics)")
+    print(
+        f"specdec proxy    {base}:{opts.proxy_port}/v1  (voice: header X-Route: voice; "
+        f"agent: {base}:{opts.proxy_port}/agent/v1)"
+    )
     print(f"specdec sidecar  {base}:{opts.sidecar_port}/metrics")
     if prometheus:
         print(f"prometheus       {base}:{opts.prometheus_port}")
@@ -145,31 +164,27 @@ async def _report(opts: Options, engine: SimEngine, sidecar: Sidecar, prometheus
         "traffic: Japanese voice chat and an English coding agent on one engine; Ctrl-C stops\n",
         flush=True,
     )
-    tallies = {name: Tally() for name, _, _ in WORKLOADS}
-    url = f"{base}:{opts.sim_port}/v1/chat/completions"
+    failures = [0]
+    proxy = f"{base}:{opts.proxy_port}"
     async with aiohttp.ClientSession() as session:
         tasks = [
             asyncio.create_task(
-                _traffic(
-                    session,
-                    url,
-                    engine.model,
-                    builtin(scenario),
-                    cap,
-                    tallies[name],
-                    offset=worker,
-                )
+                _traffic(session, proxy, load, builtin(load.scenario), worker, failures)
             )
-            for name, scenario, cap in WORKLOADS
+            for load in WORKLOADS
             for worker in range(opts.concurrency)
         ]
         try:
             started = time.monotonic()
             while opts.duration is None or time.monotonic() - started < opts.duration:
                 await asyncio.sleep(opts.report_every)
-                for name, tally in tallies.items():
-                    print(tally.line(name))
-                print(_engine_line(sidecar), flush=True)
+                for load in WORKLOADS:
+                    print(route_line(sidecar, load.route))
+                print(
+                    engine_line(sidecar)
+                    + (f"  failed requests {failures[0]}" if failures[0] else ""),
+                    flush=True,
+                )
         finally:
             for task in tasks:
                 task.cancel()

@@ -16,6 +16,7 @@ import aiohttp
 from exporter import logs
 from exporter.config import Target, redact
 from exporter.counters import CounterStore
+from exporter.counts import Counts
 from exporter.engines import EngineFamilies, families, read_page
 from exporter.windows import History, Window
 
@@ -38,7 +39,7 @@ class TargetState:
         self.target = target
         self.families: EngineFamilies = families(target.engine, target.prefix)
         self.store = CounterStore()
-        self.history = History(windows)
+        self.history: History[Counts] = History(windows)
         self.status: str | None = None  # None until the first scrape ends
         self.last_duration: float | None = None
         self.errors: Counter[str] = Counter()

@@ -1,10 +1,12 @@
-"""`specdec serve`: one asyncio process running the scrape loops and the sidecar's HTTP server."""
+"""`specdec serve`: one asyncio process running the scrape loops, the sidecar's /metrics and,
+when configured, the route-tagging proxy."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import html
+import signal
 import time
 
 import aiohttp
@@ -13,18 +15,22 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__, logs
+from exporter.accounting import Accounting
 from exporter.collector import SpecdecCollector
 from exporter.config import Config, redact
+from exporter.proxy import Proxy
+from exporter.route_collector import RouteCollector, engine_by_model
 from exporter.scrape import Clock, Scraper, TargetState
 
 LANDING = """<!doctype html><html><head><title>specdec</title></head><body>
 <h1>specdec {version}</h1><p>Live speculative-decoding payoff for vLLM.</p>
 <ul><li><a href="metrics">/metrics</a></li><li><a href="-/healthy">/-/healthy</a></li></ul>
-<h2>Targets</h2><ul>{targets}</ul></body></html>"""
+<h2>Targets</h2><ul>{targets}</ul>{proxy}</body></html>"""
+TICK_SECONDS = 1.0
 
 
 class Sidecar:
-    """Owns the targets' state, their scrape tasks and the registry served on /metrics."""
+    """Owns the targets' state, the proxy, their tasks and the registry served on /metrics."""
 
     def __init__(self, config: Config, clock: Clock = time.monotonic) -> None:
         self.config = config
@@ -33,32 +39,73 @@ class Sidecar:
         self.registry = CollectorRegistry()
         self.registry.register(SpecdecCollector(self.targets, clock))
         ProcessCollector(namespace="specdec", registry=self.registry)
+        self.proxy: Proxy | None = None
+        self.fronted: TargetState | None = None
+        if config.proxy is not None:
+            models = {m.name: m for m in config.models}
+            accounting = Accounting(
+                config.proxy.route_names,
+                config.windows,
+                lambda name: models[name].num_speculative_tokens if name in models else None,
+            )
+            self.proxy = Proxy(config.proxy, accounting)
+            by_name = {t.target.name: t for t in self.targets}
+            name = config.proxy.target or (
+                config.targets[0].name if len(config.targets) == 1 else None
+            )
+            self.fronted = by_name.get(name) if name else None
+            self.registry.register(RouteCollector(self.proxy, models, self.fronted, clock))
         self._tasks: list[asyncio.Task[None]] = []
+        self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
 
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/", self._landing)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/-/healthy", self._healthy)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
-
-    async def _start(self, _: web.Application) -> None:
+    async def start(self) -> None:
+        """Start scraping, serve /metrics and (if configured) the proxy."""
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"specdec/{__version__}"})
         for state in self.targets:
             scraper = Scraper(state, self._session, self.clock)
             self._tasks.append(asyncio.create_task(scraper.run(), name=state.target.name))
+        await self._serve(self._metrics_app(), self.config.listen, handler_cancellation=False)
+        if self.proxy is not None and self.config.proxy is not None:
+            # a client that hangs up cancels its handler, which closes the upstream request
+            await self._serve(self.proxy.app(), self.config.proxy.listen, handler_cancellation=True)
+            self._tasks.append(asyncio.create_task(self._tick(), name="accounting"))
 
-    async def _stop(self, _: web.Application) -> None:
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for runner in reversed(self._runners):
+            await runner.cleanup()
         if self._session is not None:
             await self._session.close()
+
+    async def _serve(
+        self, app: web.Application, listen: tuple[str, int], handler_cancellation: bool
+    ) -> None:
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
+        await runner.setup()
+        await web.TCPSite(runner, listen[0], listen[1]).start()
+        self._runners.append(runner)
+
+    async def _tick(self) -> None:
+        """Each second: apportion unexplained engine work to estimated routes, snapshot routes."""
+        assert self.proxy is not None
+        accounting = self.proxy.accounting
+        while True:
+            if self.fronted is not None:
+                accounting.apportion(engine_by_model(self.fronted))
+            accounting.tick(self.clock())
+            await asyncio.sleep(TICK_SECONDS)
+
+    def _metrics_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/", self._landing)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/-/healthy", self._healthy)
+        return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -69,18 +116,48 @@ class Sidecar:
             f"<li>{html.escape(t.name)}: {html.escape(redact(t.url))} ({t.engine})</li>"
             for t in self.config.targets
         )
-        return web.Response(
-            text=LANDING.format(version=__version__, targets=targets), content_type="text/html"
-        )
+        proxy = ""
+        if self.config.proxy is not None:
+            host, port = self.config.proxy.listen
+            routes = ", ".join(self.config.proxy.route_names)
+            proxy = (
+                f"<h2>Proxy</h2><p>{html.escape(host)}:{port} -> "
+                f"{html.escape(self.config.proxy.upstream)}; routes: {html.escape(routes)}</p>"
+            )
+        page = LANDING.format(version=__version__, targets=targets, proxy=proxy)
+        return web.Response(text=page, content_type="text/html")
 
     async def _healthy(self, _: web.Request) -> web.Response:
         return web.Response(text="OK\n")
 
 
-def serve(config: Config) -> None:
-    """Run until interrupted."""
+async def run(config: Config) -> None:
+    """Run until cancelled (Ctrl-C / SIGTERM)."""
+    sidecar = Sidecar(config)
+    await sidecar.start()
     host, port = config.listen
-    logs.get("serve").info(
-        "listening", url=f"http://{host}:{port}/metrics", targets=len(config.targets)
-    )
-    web.run_app(Sidecar(config).app(), host=host, port=port, print=None, access_log=None)
+    log = logs.get("serve")
+    log.info("listening", url=f"http://{host}:{port}/metrics", targets=len(config.targets))
+    if config.proxy is not None:
+        log.info(
+            "proxy listening",
+            listen=f"{config.proxy.listen[0]}:{config.proxy.listen[1]}",
+            upstream=config.proxy.upstream,
+            routes=list(config.proxy.route_names),
+        )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await sidecar.stop()
+
+
+def serve(config: Config) -> None:
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await run(config)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

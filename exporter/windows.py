@@ -12,11 +12,16 @@ import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
-from exporter.counts import Counts
 from exporter.engines import SeriesKey
 
-Snapshot = Mapping[SeriesKey, Counts]
+
+class Subtractable(Protocol):
+    def __sub__(self: V, other: V, /) -> V: ...
+
+
+V = TypeVar("V", bound=Subtractable)
 
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
 
@@ -44,21 +49,21 @@ def parse_window(text: str) -> Window:
 DEFAULT_WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
 
 
-class History:
-    """Snapshots of one target's running sums, kept as long as the longest window needs."""
+class History(Generic[V]):
+    """Snapshots of running sums per key, kept as long as the longest window needs."""
 
     def __init__(self, windows: Sequence[Window]) -> None:
         self.windows = tuple(windows)
         self._keep = max((w.seconds for w in self.windows), default=0.0)
-        self._ring: deque[tuple[float, Snapshot]] = deque()
+        self._ring: deque[tuple[float, Mapping[SeriesKey, V]]] = deque()
 
-    def record(self, t: float, snapshot: Snapshot) -> None:
+    def record(self, t: float, snapshot: Mapping[SeriesKey, V]) -> None:
         self._ring.append((t, snapshot))
         # drop what no window needs: keep one snapshot at or before the longest window's start
         while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:
             self._ring.popleft()
 
-    def increase(self, window: Window, now: float) -> dict[SeriesKey, Counts]:
+    def increase(self, window: Window, now: float) -> dict[SeriesKey, V]:
         """Per series, the increase over `window` ending at `now`; empty when it holds no data."""
         if not self._ring or self._ring[-1][0] < now - window.seconds:
             return {}
@@ -75,7 +80,7 @@ class History:
                 result[key] = counts - base
         return result
 
-    def _baseline(self, since: float) -> Snapshot:
+    def _baseline(self, since: float) -> Mapping[SeriesKey, V]:
         chosen = self._ring[0][1]
         for t, snap in self._ring:
             if t > since:

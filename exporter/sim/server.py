@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,13 @@ class SimState:
     per_request: str = "summary"
     faults: dict[str, float] = field(default_factory=dict)  # name -> value (seconds, chunks)
     ids: itertools.count[int] = field(default_factory=itertools.count)
+    clock: Callable[[], float] = time.time  # `created` stamps; tests fix it for byte equality
 
 
-def build_app(engine: SimEngine, per_request: str = "summary") -> web.Application:
-    state = SimState(engine, per_request)
+def build_app(
+    engine: SimEngine, per_request: str = "summary", clock: Callable[[], float] = time.time
+) -> web.Application:
+    state = SimState(engine, per_request, clock=clock)
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app["sim"] = state
     app.router.add_post("/v1/chat/completions", _completions)
@@ -111,7 +114,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
         state,
-        Shapes(chat, request_id, int(time.time()), engine.model),
+        Shapes(chat, request_id, int(state.clock()), engine.model),
         prompt_tokens=max(1, len(prompt.encode()) // 3),
         stats=[RequestStats(engine.k) for _ in range(n)],
     )

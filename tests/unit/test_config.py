@@ -201,7 +201,7 @@ def test_from_flags_builds_the_same_config():
         ),
         (
             (["http://a:1/metrics"], None, 0.0, None),
-            "command line: --interval: must be greater than zero",
+            "command line: --interval: must be between 0 and 3600 seconds",
         ),
         (
             (["http://a:1/metrics"], None, 1.0, ["5x"]),

@@ -1,0 +1,199 @@
+"""Per-route accounting: exact counts from vLLM's per-request objects, estimates otherwise.
+
+Exact: a request whose response carried `metrics.speculative_decoding` adds that object's
+counts to its route. Estimated (older vLLM, the flag off, n > 1): the request's token
+increments give an estimated (steps, accepted) weight; each tick, the engine's work that no
+exact request explains is apportioned over the routes by those weights, so estimated route
+counters still add up to the engine's own. Both are kept apart by the `source` label.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from exporter.counts import Counts
+from exporter.payoff import Decode
+from exporter.windows import History, Window
+
+RouteKey = tuple[str, str]  # (route, model_name)
+OTHER_MODEL = "_other"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+RATE_BUCKETS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200, 300, 500, 1000)
+
+
+@dataclass(slots=True)
+class Buckets:
+    """A histogram kept by hand, so the collector can build its family fresh on each scrape."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+        index = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        self.counts[index] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        running, out = 0, []
+        counts = self.counts or [0] * (len(self.bounds) + 1)
+        for bound, count in zip([*map(str, map(float, self.bounds)), "+Inf"], counts, strict=True):
+            running += count
+            out.append((bound, float(running)))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the proxy learned about one request."""
+
+    route: str
+    model_name: str
+    status: str
+    completion_tokens: int = 0
+    ttft: float | None = None
+    decode_seconds: float | None = None
+    exact: Counts | None = None
+    increments: tuple[int, ...] = ()  # tokens per content event, when known
+
+
+@dataclass(slots=True)
+class _Weight:
+    steps: float = 0.0
+    accepted: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        return 1 + self.accepted / self.steps if self.steps else None
+
+
+class Accounting:
+    def __init__(
+        self,
+        routes: Sequence[str],
+        windows: Sequence[Window],
+        k_hint: Callable[[str], int | None],
+        max_models: int = 16,
+    ) -> None:
+        self.routes = tuple(routes)
+        self.k_hint = k_hint
+        self.max_models = max_models
+        self.models: set[str] = set()
+        self.exact: dict[RouteKey, Counts] = {}
+        self.estimated: dict[RouteKey, Counts] = {}
+        self.requests: Counter[tuple[str, str, str]] = Counter()
+        self.generation_tokens: Counter[RouteKey] = Counter()
+        self.decode: dict[RouteKey, Decode] = {}
+        self.ttft: dict[RouteKey, Buckets] = {}
+        self.decode_rate: dict[RouteKey, Buckets] = {}
+        self.history: History[Counts] = History(windows)
+        self.decode_history: History[Decode] = History(windows)
+        self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
+        self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
+        self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
+        self._exact_by_model: dict[str, Counts] = {}
+
+    def label_model(self, name: str | None) -> str:
+        """A model_name label value: served names as upstream reports them, bounded in number."""
+        if not name:
+            return ""
+        if name in self.models or len(self.models) < self.max_models:
+            self.models.add(name)
+            return name
+        return OTHER_MODEL
+
+    def record(self, req: Request) -> None:
+        key = (req.route, req.model_name)
+        self.requests[(req.route, req.model_name, req.status)] += 1
+        if req.status != "200":
+            return
+        self.generation_tokens[key] += req.completion_tokens
+        if req.ttft is not None:
+            self.ttft.setdefault(key, Buckets(TTFT_BUCKETS)).observe(req.ttft)
+        if req.decode_seconds:
+            self.decode[key] = self.decode.get(key, Decode()) + Decode(
+                req.completion_tokens, req.decode_seconds
+            )
+            rate = req.completion_tokens / req.decode_seconds
+            self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(rate)
+        if req.exact is not None:
+            self.exact[key] = self.exact.get(key, Counts()) + req.exact
+            model = req.model_name
+            self._exact_by_model[model] = self._exact_by_model.get(model, Counts()) + req.exact
+        elif req.increments:
+            k = self.k_hint(req.model_name)
+            for weight in (
+                self._weights.setdefault(key, _Weight()),
+                self._streamed.setdefault(key, _Weight()),
+            ):
+                for tokens in req.increments[1:]:  # the first content event is prefill's token
+                    steps = 1 if k is None else max(1, -(-tokens // (k + 1)))
+                    weight.steps += steps
+                    weight.accepted += tokens - steps
+        elif req.completion_tokens:
+            self._tokens_only[key] += req.completion_tokens
+
+    def apportion(self, engine_by_model: dict[str, Counts]) -> None:
+        """Give the engine work no exact request explains to the routes with estimates.
+
+        `engine_by_model` is the engine's cumulative work per model_name since the proxy
+        started. Each route's cumulative share of that unexplained work follows its cumulative
+        estimated weight (steps for drafts, draft tokens and positions; accepted tokens for
+        accepted); a route only ever receives more, so its counters never go down.
+        """
+        for model, engine in engine_by_model.items():
+            if engine.drafts is None or engine.drafts <= 0:
+                continue
+            engine_tokens_per_step = 1 + engine.accepted / engine.drafts
+            for key in [k for k in self._tokens_only if k[1] == model]:
+                # no increments (not streamed): the route's own streamed tokens per step, or
+                # the engine's average when the route streamed nothing yet
+                tokens = self._tokens_only.pop(key)
+                weight = self._weights.setdefault(key, _Weight())
+                seen = self._streamed.get(key)
+                per_step = (seen and seen.tokens_per_step) or engine_tokens_per_step
+                weight.steps += tokens / per_step
+                weight.accepted += tokens - tokens / per_step
+            weights = {k: w for k, w in self._weights.items() if k[1] == model}
+            if not weights:
+                continue
+            unexplained = _vector(engine - self._exact_by_model.get(model, Counts()))
+            given = {k: _vector(self.estimated.get(k, Counts()), len(unexplained)) for k in weights}
+            steps = sum(w.steps for w in weights.values())
+            accepted = sum(w.accepted for w in weights.values())
+            even = 1 / len(weights)
+            for index, work in enumerate(unexplained):
+                if index == 2:  # accepted tokens follow the estimated accepted tokens
+                    share = {
+                        k: w.accepted / accepted if accepted else even for k, w in weights.items()
+                    }
+                else:  # drafts, draft tokens and positions follow the estimated steps
+                    share = {k: w.steps / steps if steps else even for k, w in weights.items()}
+                available = work - sum(g[index] for g in given.values())
+                deficits = {k: max(0.0, work * share[k] - given[k][index]) for k in weights}
+                owed = sum(deficits.values())
+                if available > 0 and owed > 0:
+                    scale = min(1.0, available / owed)
+                    for k in weights:
+                        given[k][index] += deficits[k] * scale
+            for k, vector in given.items():
+                self.estimated[k] = Counts(vector[0], vector[1], vector[2], tuple(vector[3:]))
+
+    def snapshot(self) -> dict[RouteKey, Counts]:
+        """Exact plus estimated counts per route: what the rolling windows are computed on."""
+        keys = {*self.exact, *self.estimated}
+        return {k: self.exact.get(k, Counts()) + self.estimated.get(k, Counts()) for k in keys}
+
+    def tick(self, now: float) -> None:
+        self.history.record(now, self.snapshot())
+        self.decode_history.record(now, dict(self.decode))
+
+
+def _vector(c: Counts, width: int = 0) -> list[float]:
+    """drafts, draft tokens, accepted, positions... as one list (padded to `width`)."""
+    values = [c.drafts or 0.0, c.draft_tokens, c.accepted, *c.per_position]
+    return values + [0.0] * (width - len(values))

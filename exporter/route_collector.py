@@ -1,0 +1,229 @@
+"""Per-route families (the proxy's accounting) and the payoff figures, built on each scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from exporter.accounting import Accounting
+from exporter.config import ModelConfig
+from exporter.counts import Counts, ratios, total
+from exporter.payoff import breakeven_acceptance, decode_ceiling, estimated_speedup
+from exporter.proxy import Proxy
+from exporter.scrape import TargetState
+
+ROUTE = ["route", "model_name"]
+
+
+class RouteCollector(Collector):
+    def __init__(
+        self,
+        proxy: Proxy,
+        models: dict[str, ModelConfig],
+        target: TargetState | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.proxy = proxy
+        self.accounting: Accounting = proxy.accounting
+        self.models = models
+        self.target = target
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._counters()
+        yield from self._histograms()
+        yield from self._windows()
+        yield from self._models()
+        yield from self._health()
+
+    def _counters(self) -> Iterator[Metric]:
+        acc = self.accounting
+        requests = CounterMetricFamily(
+            "specdec_route_requests",
+            "Completion requests through the proxy by HTTP status (499: the client hung up).",
+            labels=[*ROUTE, "status"],
+        )
+        for request_labels, n in sorted(acc.requests.items()):
+            requests.add_metric(list(request_labels), float(n))
+        yield requests
+        spec = [*ROUTE, "source"]
+        drafts = CounterMetricFamily(
+            "specdec_route_drafts",
+            "Verify steps of the route's requests "
+            "(source=exact: per-request objects; estimated: apportioned).",
+            labels=spec,
+        )
+        tokens = CounterMetricFamily(
+            "specdec_route_draft_tokens", "Draft tokens proposed for the route.", labels=spec
+        )
+        accepted = CounterMetricFamily(
+            "specdec_route_accepted_tokens", "Draft tokens accepted for the route.", labels=spec
+        )
+        per_pos = CounterMetricFamily(
+            "specdec_route_accepted_tokens_per_position",
+            "Verify steps of the route that accepted more than `position` drafts.",
+            labels=[*spec, "position"],
+        )
+        for source, table in (("exact", acc.exact), ("estimated", acc.estimated)):
+            for (route, model), c in sorted(table.items()):
+                labels = [route, model, source]
+                drafts.add_metric(labels, c.drafts or 0.0)
+                tokens.add_metric(labels, c.draft_tokens)
+                accepted.add_metric(labels, c.accepted)
+                for i, v in enumerate(c.per_position):
+                    per_pos.add_metric([*labels, str(i)], v)
+        yield from (drafts, tokens, accepted, per_pos)
+        generated = CounterMetricFamily(
+            "specdec_route_generation_tokens", "Completion tokens returned.", labels=ROUTE
+        )
+        decode_tokens = CounterMetricFamily(
+            "specdec_route_decode_tokens",
+            "Completion tokens of streamed requests (decode rate numerator).",
+            labels=ROUTE,
+        )
+        decode_seconds = CounterMetricFamily(
+            "specdec_route_decode_seconds",
+            "Seconds after the first token of streamed requests.",
+            labels=ROUTE,
+        )
+        for key, n in sorted(acc.generation_tokens.items()):
+            generated.add_metric(list(key), float(n))
+        for key, d in sorted(acc.decode.items()):
+            decode_tokens.add_metric(list(key), d.tokens)
+            decode_seconds.add_metric(list(key), d.seconds)
+        yield from (generated, decode_tokens, decode_seconds)
+
+    def _histograms(self) -> Iterator[Metric]:
+        acc = self.accounting
+        for name, doc, table in (
+            (
+                "specdec_route_ttft_seconds",
+                "Request in -> first content token out, streamed requests.",
+                acc.ttft,
+            ),
+            (
+                "specdec_route_decode_tokens_per_second",
+                "Per request: completion tokens / seconds after the first token.",
+                acc.decode_rate,
+            ),
+        ):
+            family = HistogramMetricFamily(name, doc, labels=ROUTE)
+            for key, buckets in sorted(table.items()):
+                family.add_metric(list(key), buckets.cumulative(), buckets.sum)
+            yield family
+
+    def _windows(self) -> Iterator[Metric]:
+        labels = [*ROUTE, "window"]
+        acceptance = GaugeMetricFamily(
+            "specdec_route_acceptance_ratio",
+            "Accepted / proposed draft tokens of the route over the window.",
+            labels=labels,
+        )
+        length = GaugeMetricFamily(
+            "specdec_route_mean_acceptance_length",
+            "Tokens per verify step of the route over the window.",
+            labels=labels,
+        )
+        speedup_est = GaugeMetricFamily(
+            "specdec_route_estimated_speedup_ratio",
+            "Tokens per step / the model's step_cost_ratio: > 1 means speculation pays.",
+            labels=labels,
+        )
+        speedup = GaugeMetricFamily(
+            "specdec_route_speedup_ratio",
+            "Measured decode rate / the model's plain_decode_tokens_per_second.",
+            labels=labels,
+        )
+        coverage = GaugeMetricFamily(
+            "specdec_attribution_coverage_ratio",
+            "Drafts accounted to routes / the engine's drafts over the window "
+            "(< 1: traffic bypasses the proxy).",
+            labels=["target", "window"],
+        )
+        now = self.clock()
+        acc = self.accounting
+        for window in acc.history.windows:
+            routes = acc.history.increase(window, now)
+            for (route, model), c in sorted(routes.items()):
+                r = ratios(c)
+                series = [route, model, window.label]
+                if r.acceptance is not None:
+                    acceptance.add_metric(series, r.acceptance)
+                config = self.models.get(model)
+                if r.mean_acceptance_length is not None:
+                    length.add_metric(series, r.mean_acceptance_length)
+                    if config is not None:
+                        speedup_est.add_metric(
+                            series,
+                            estimated_speedup(r.mean_acceptance_length, config.step_cost_ratio),
+                        )
+            for (route, model), d in sorted(acc.decode_history.increase(window, now).items()):
+                config = self.models.get(model)
+                if (
+                    d.rate is not None
+                    and config is not None
+                    and config.plain_decode_tokens_per_second
+                ):
+                    speedup.add_metric(
+                        [route, model, window.label], d.rate / config.plain_decode_tokens_per_second
+                    )
+            if self.target is not None:
+                engine = total(list(self.target.history.increase(window, now).values()))
+                routed = total(list(routes.values()))
+                if engine.drafts:
+                    coverage.add_metric(
+                        [self.target.target.name, window.label],
+                        (routed.drafts or 0.0) / engine.drafts,
+                    )
+        yield from (acceptance, length, speedup_est, speedup, coverage)
+
+    def _models(self) -> Iterator[Metric]:
+        breakeven = GaugeMetricFamily(
+            "specdec_breakeven_acceptance_ratio",
+            "Acceptance at which speculation breaks even: (step_cost_ratio - 1) / k (from config).",
+            labels=["model_name"],
+        )
+        ceiling = GaugeMetricFamily(
+            "specdec_decode_ceiling_tokens_per_second",
+            "Bandwidth roofline of plain decode: memory bandwidth / bytes per token (from config).",
+            labels=["model_name"],
+        )
+        for name, m in sorted(self.models.items()):
+            breakeven.add_metric(
+                [name], breakeven_acceptance(m.step_cost_ratio, m.num_speculative_tokens)
+            )
+            if m.bytes_per_token and m.memory_bandwidth_bytes_per_second:
+                ceiling.add_metric(
+                    [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
+                )
+        yield from (breakeven, ceiling)
+
+    def _health(self) -> Iterator[Metric]:
+        errors = CounterMetricFamily(
+            "specdec_proxy_upstream_errors",
+            "Upstream failures: connection (502), timeout (504), broken (response cut mid-way).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.proxy.upstream_errors.items()):
+            errors.add_metric([reason], float(n))
+        refused = CounterMetricFamily(
+            "specdec_proxy_refused_requests",
+            "Requests refused: absolute URI, CONNECT, body too large.",
+        )
+        refused.add_metric([], float(self.proxy.refused))
+        yield from (errors, refused)
+
+
+def engine_by_model(target: TargetState) -> dict[str, Counts]:
+    """The target's work per model_name since the sidecar first saw it, summed over engines."""
+    by_model: dict[str, list[Counts]] = {}
+    for (model, _), totals in target.store.series.items():
+        by_model.setdefault(model, []).append(totals.since_first_sight)
+    return {model: total(items) for model, items in by_model.items()}

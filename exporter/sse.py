@@ -1,0 +1,84 @@
+"""Watching an OpenAI-style SSE stream on its way through the proxy.
+
+The tap frames the byte stream into events (`data: ...\\n\\n`) and forwards each one as soon as
+it is complete, parsing only what it must: a cheap byte test finds the first content token,
+and only the final usage event (`"choices":[]`) is decoded. When the proxy injected
+`include_usage` (or `continuous_usage_stats`) the client did not ask for, the tap removes what
+the injection added, so the client gets the bytes vLLM would have sent it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_EMPTY_CONTENT = (b'"content":""', b'"text":""')
+_HAS_TEXT = (b'"content":"', b'"text":"')
+_USAGE_FIELD = re.compile(rb',"usage":\{[^{}]*\}')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+
+@dataclass(slots=True)
+class StreamTap:
+    strip_usage_event: bool = False  # the proxy added include_usage
+    strip_usage_fields: bool = False  # the proxy added continuous_usage_stats
+    first_content_at: float | None = None
+    last_content_at: float | None = None
+    content_events: int = 0
+    usage: dict[str, Any] | None = None  # the final usage event, decoded
+    increments: list[int] = field(default_factory=list)  # tokens per content event
+    _pending: bytes = b""
+    _tokens_seen: int = 0
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes in from upstream -> bytes out to the client (whole events only)."""
+        buffer = self._pending + data if self._pending else data
+        end = buffer.rfind(b"\n\n")
+        if end == -1:
+            self._pending = buffer
+            return b""
+        self._pending = buffer[end + 2 :]
+        complete = buffer[: end + 2]
+        if complete.count(b"\n\n") == 1:
+            return self._event(complete)
+        return b"".join(self._event(e + b"\n\n") for e in complete[:-2].split(b"\n\n"))
+
+    def flush(self) -> bytes:
+        """Whatever is left when upstream ends (a truncated event passes through as it is)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+    def _event(self, event: bytes) -> bytes:
+        if b'"choices":[]' in event and b'"usage"' in event:
+            self.usage = _decode(event)
+            return b"" if self.strip_usage_event else event
+        if self.strip_usage_fields:
+            event = self._strip_usage_field(event)
+        if any(m in event for m in _HAS_TEXT) and not any(m in event for m in _EMPTY_CONTENT):
+            now = time.perf_counter()
+            if self.first_content_at is None:
+                self.first_content_at = now
+            self.last_content_at = now
+            self.content_events += 1
+        return event
+
+    def _strip_usage_field(self, event: bytes) -> bytes:
+        """Drop the injected per-event usage, remembering its token increment."""
+        match = _COMPLETION_TOKENS.search(event)
+        if match is not None:
+            tokens = int(match.group(1))
+            if tokens > self._tokens_seen:
+                self.increments.append(tokens - self._tokens_seen)
+                self._tokens_seen = tokens
+        return _USAGE_FIELD.sub(b"", event, count=1)
+
+
+def _decode(event: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(event.removeprefix(b"data: "))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,152 @@
+"""Per-route counts through the proxy add up to the engine's, and match each workload's truth."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import aiohttp
+import pytest
+
+from exporter.counts import Counts, total
+from exporter.engines import families, read_page
+from exporter.sidecar import Sidecar
+from tests.helpers import samples
+from tests.rig import CODE, JA, sidecar, simulator
+
+
+async def mixed_traffic(proxy: str, n: int = 200, concurrency: int = 20, seed: int = 3) -> None:
+    """n requests, half voice (header) half agent (path), streamed or not, with or without usage."""
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        voice = i % 2 == 0
+        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
+        body: dict[str, Any] = {
+            "model": "sim-27b",
+            "messages": JA if voice else CODE,
+            "max_tokens": rng.randint(20, 120),
+        }
+        style = rng.choice(["whole", "stream", "stream_usage"])
+        if style != "whole":
+            body["stream"] = True
+        if style == "stream_usage":
+            body["stream_options"] = {"include_usage": True}
+        async with (
+            gate,
+            session.post(url, json=body, headers={"X-Route": "voice"} if voice else {}) as resp,
+        ):
+            assert resp.status == 200
+            await resp.read()
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(one(session, i) for i in range(n)))
+
+
+async def engine_totals(upstream: str) -> Counts:
+    async with aiohttp.ClientSession() as session, session.get(upstream + "/metrics") as resp:
+        page = read_page(await resp.text(), families("vllm"))
+    return total([s.counts for s in page.series.values()])
+
+
+async def truth(upstream: str) -> dict[str, Counts]:
+    async with aiohttp.ClientSession() as session, session.get(upstream + "/admin/truth") as resp:
+        data = await resp.json()
+    return {
+        k: Counts(v["drafts"], v["draft_tokens"], v["accepted"], tuple(v["per_position"]))
+        for k, v in data.items()
+    }
+
+
+async def route_counts(metrics_url: str, source: str) -> dict[str, Counts]:
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
+        page = samples(await resp.text())
+    out: dict[str, dict[str, Any]] = {}
+    for (name, labels), value in page.items():
+        ls = dict(labels)
+        if not name.startswith("specdec_route_") or ls.get("source") != source:
+            continue
+        entry = out.setdefault(ls["route"], {"per_position": {}})
+        field = name.removeprefix("specdec_route_").removesuffix("_total")
+        if field == "accepted_tokens_per_position":
+            entry["per_position"][int(ls["position"])] = value
+        else:
+            entry[field] = value
+    return {
+        route: Counts(
+            e["drafts"],
+            e["draft_tokens"],
+            e["accepted_tokens"],
+            tuple(e["per_position"][i] for i in sorted(e["per_position"])),
+        )
+        for route, e in out.items()
+    }
+
+
+def close(a: Counts, b: Counts, tol: float = 1e-6) -> bool:
+    fields = [
+        (a.drafts or 0) - (b.drafts or 0),
+        a.draft_tokens - b.draft_tokens,
+        a.accepted - b.accepted,
+    ]
+    fields += [x - y for x, y in zip(a.per_position, b.per_position, strict=True)]
+    return all(abs(f) <= tol * max(1.0, b.draft_tokens) for f in fields)
+
+
+async def test_exact_routes_sum_to_engine_and_match_truth() -> None:
+    async with simulator("summary") as (_, upstream), sidecar(upstream) as (_, proxy, metrics):
+        await mixed_traffic(proxy)
+        routes = await route_counts(metrics, "exact")
+        engine = await engine_totals(upstream)
+        assert set(routes) == {"voice_chat", "coding_agent"}
+        assert routes["voice_chat"] + routes["coding_agent"] == engine  # exactly, every field
+        real = await truth(upstream)
+        assert routes["voice_chat"] == real["ja_chat"]
+        assert routes["coding_agent"] == real["code_agent"]
+        voice, agent = (
+            r.accepted / r.draft_tokens for r in (routes["voice_chat"], routes["coding_agent"])
+        )
+        assert 0.30 < voice < 0.42 and 0.65 < agent < 0.77
+
+
+async def test_estimates_without_per_request_objects_are_within_2_points() -> None:
+    async with simulator("none") as (_, upstream), sidecar(upstream) as (side, proxy, metrics):
+        await mixed_traffic(proxy)
+        engine = await engine_totals(upstream)
+
+        async def apportioned() -> dict[str, Counts] | None:
+            routes = await route_counts(metrics, "estimated")
+            if len(routes) == 2 and close(routes["voice_chat"] + routes["coding_agent"], engine):
+                return routes
+            return None
+
+        routes = await poll(apportioned, 10.0)
+        assert await route_counts(metrics, "exact") == {}
+        real = await truth(upstream)
+        for route, profile in (("voice_chat", "ja_chat"), ("coding_agent", "code_agent")):
+            got = routes[route].accepted / routes[route].draft_tokens
+            want = real[profile].accepted / real[profile].draft_tokens
+            assert got == pytest.approx(want, abs=0.02), (route, got, want)
+        assert_coverage_full(side)
+
+
+def assert_coverage_full(side: Sidecar) -> None:
+    """Everything went through the proxy: the routes account for all the engine's drafts."""
+    assert side.proxy is not None and side.fronted is not None
+    acc = side.proxy.accounting
+    assert total(list(acc.snapshot().values())).drafts == pytest.approx(
+        total([t.counts for t in side.fronted.store.series.values()]).drafts
+    )
+
+
+async def poll(check: Any, timeout: float) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s")
+        await asyncio.sleep(0.05)

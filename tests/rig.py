@@ -1,0 +1,62 @@
+"""In-process rigs for proxy tests: simulators and a sidecar with its proxy, on free ports."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+
+from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
+from exporter.sidecar import Sidecar
+from exporter.sim.engine import SimEngine
+from exporter.sim.server import build_app
+from tests.helpers import free_port
+
+ROUTES = (
+    Route("voice_chat", headers=(("x-route", "voice"),)),
+    Route("coding_agent", path_prefix="/agent"),
+)
+JA = [{"role": "user", "content": "こんにちは！週末は何してた？"}]
+CODE = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
+
+
+@asynccontextmanager
+async def simulator(
+    per_request: str = "summary",
+    speed: float = 500,
+    seed: int = 1,
+    clock: Callable[[], float] | None = None,
+    engines: int = 1,
+) -> AsyncIterator[tuple[SimEngine, str]]:
+    engine = SimEngine("sim-27b", engines=engines, speed=speed, seed=seed)
+    app = build_app(engine, per_request, clock=clock) if clock else build_app(engine, per_request)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield engine, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def sidecar(upstream: str, **proxy: Any) -> AsyncIterator[tuple[Sidecar, str, str]]:
+    """A sidecar scraping `upstream` every 0.1 s, with the proxy in front of it."""
+    proxy_port, metrics_port = free_port(), free_port()
+    config = Config(
+        listen=("127.0.0.1", metrics_port),
+        targets=(Target("sim", f"{upstream}/metrics", interval=0.1),),
+        proxy=ProxyConfig(
+            upstream, ("127.0.0.1", proxy_port), "sim", proxy.pop("routes", ROUTES), **proxy
+        ),
+        models=(ModelConfig("sim-27b", 3, 1.78, 72.0, 20e9, 1.7e12),),
+    )
+    side = Sidecar(config)
+    await side.start()
+    try:
+        yield side, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    finally:
+        await side.stop()
