@@ -113,7 +113,8 @@ class Proxy:
             raise
         finally:
             if completion:
-                self._account(match.route, status, started, tap, result)
+                single = parsed is not None and (parsed.get("n") or 1) == 1
+                self._account(match.route, status, started, tap, result, single)
 
     def _inject(self, parsed: dict[str, Any], body: bytes) -> tuple[StreamTap, bytes]:
         """Ask upstream for what accounting needs; the tap removes it on the way back."""
@@ -205,14 +206,20 @@ class Proxy:
         return whole
 
     def _account(
-        self, route: str, status: str, started: float, tap: StreamTap | None, result: dict[str, Any]
+        self,
+        route: str,
+        status: str,
+        started: float,
+        tap: StreamTap | None,
+        result: dict[str, Any],
+        single: bool,
     ) -> None:
         doc: dict[str, Any] = result.get("usage") or {}
         usage = doc.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         metrics = doc.get("metrics")
         spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-        if status == "200" and doc and spec is None:
+        if status == "200" and doc and spec is None and single:  # vLLM never sends one for n > 1
             self.objects_missing = True
         elif spec is not None:
             self.objects_missing = False
