@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from exporter import logs
 from exporter.accounting import Accounting, Request
@@ -55,7 +56,7 @@ class Proxy:
         self._session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._guard])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -75,12 +76,16 @@ class Proxy:
         if self._session is not None:
             await self._session.close()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Never an open proxy: CONNECT and absolute-URI requests never reach routing."""
         if request.method == "CONNECT" or not request.raw_path.startswith("/"):
             self.refused += 1
-            return _error(
-                400, "this proxy forwards only to its configured upstream", "BadRequestError"
-            )
+            message = "this proxy forwards only to its configured upstream"
+            return _error(400, message, "BadRequestError")
+        return await handler(request)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
