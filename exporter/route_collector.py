@@ -195,7 +195,19 @@ class RouteCollector(Collector):
             "Bandwidth roofline of plain decode: memory bandwidth / bytes per token (from config).",
             labels=["model_name"],
         )
+        step_cost = GaugeMetricFamily(
+            "specdec_model_step_cost_ratio",
+            "Cost of one verify step with k drafts over a plain decode step (from config).",
+            labels=["model_name"],
+        )
+        drafts_per_step = GaugeMetricFamily(
+            "specdec_model_num_speculative_tokens",
+            "Draft tokens per verify step, k (from config): tokens per step is at most k + 1.",
+            labels=["model_name"],
+        )
         for name, m in sorted(self.models.items()):
+            step_cost.add_metric([name], m.step_cost_ratio)
+            drafts_per_step.add_metric([name], float(m.num_speculative_tokens))
             breakeven.add_metric(
                 [name], breakeven_acceptance(m.step_cost_ratio, m.num_speculative_tokens)
             )
@@ -203,7 +215,7 @@ class RouteCollector(Collector):
                 ceiling.add_metric(
                     [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
                 )
-        yield from (breakeven, ceiling)
+        yield from (step_cost, drafts_per_step, breakeven, ceiling)
 
     def _health(self) -> Iterator[Metric]:
         errors = CounterMetricFamily(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,7 @@ import pytest
 from exporter.counts import Counts, total
 from exporter.engines import families, read_page
 from exporter.sidecar import Sidecar
-from tests.helpers import samples
+from tests.helpers import need_tool, samples
 from tests.rig import CODE, JA, sidecar, simulator
 
 
@@ -109,6 +110,21 @@ async def test_exact_routes_sum_to_engine_and_match_truth() -> None:
             r.accepted / r.draft_tokens for r in (routes["voice_chat"], routes["coding_agent"])
         )
         assert 0.30 < voice < 0.42 and 0.65 < agent < 0.77
+        await promtool_clean(metrics)
+
+
+async def promtool_clean(metrics_url: str) -> None:
+    """`promtool check metrics` finds nothing to say about the sidecar with its proxy families."""
+    promtool = need_tool("promtool")
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
+        text = await resp.text()
+    assert "specdec_route_acceptance_ratio" in text and "specdec_route_ttft_seconds_bucket" in text
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text.encode(), capture_output=True
+    )
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
+        result
+    )
 
 
 async def test_estimates_without_per_request_objects_are_within_2_points() -> None:
