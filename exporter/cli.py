@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     _derive_parser(verbs)
     _sim_parser(verbs)
     _demo_parser(verbs)
+    _rules_parser(verbs)
     return parser
 
 
@@ -283,6 +284,36 @@ def _demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     demo.main(options)
     return 0
+
+
+def _rules_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = verbs.add_parser(
+        "rules",
+        help="generate the Prometheus recording rules and alerts",
+        description="Write deploy/prometheus/rules/*.yml from the shared PromQL definitions "
+        "(dashboards/queries) and alert definitions (dashboards/alerts.py).",
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=Path("."),
+        help="the repository root to write under (default: the current directory)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a committed file differs from the generated one",
+    )
+    p.set_defaults(run=_rules)
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from dashboards.rules import write
+
+    stale = write(args.root, args.check)
+    for path in stale:
+        print(f"{'stale' if args.check else 'wrote'}: {path}")
+    return 1 if args.check and stale else 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""Named PromQL definitions, shared by recording rules, alerts, panels and the cookbook."""

@@ -1,0 +1,88 @@
+"""Speculative-decoding figures as PromQL, for a scope (per route or per model x engine).
+
+Every ratio sums the rates of its counters first and divides after, so it stays right across
+replicas and sidecars; a `> 0` guard leaves no sample where nothing happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dashboards.promql import by, ratio, sum_rate
+from dashboards.selectors import ENGINE, ROUTE
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which counters and labels: the proxy's per-route ones, or the engine's per model x engine."""
+
+    level: str  # the recording rule level, e.g. route_model_name
+    prefix: str  # counter family prefix
+    labels: tuple[str, ...]
+
+    def counter(self, name: str) -> str:
+        return f"{self.prefix}{name}_total"
+
+
+ROUTES = Scope("route_model_name", "specdec_route_", ROUTE)
+ENGINES = Scope("model_name_engine", "specdec_", ENGINE)
+
+
+def acceptance(s: Scope, window: str, sel: str = "") -> str:
+    """Accepted / proposed draft tokens."""
+    return ratio(
+        sum_rate(s.counter("accepted_tokens"), window, s.labels, sel),
+        sum_rate(s.counter("draft_tokens"), window, s.labels, sel),
+    )
+
+
+def tokens_per_step(s: Scope, window: str, sel: str = "") -> str:
+    """Mean acceptance length: 1 + accepted / drafts (the bonus token included)."""
+    accepted = sum_rate(s.counter("accepted_tokens"), window, s.labels, sel)
+    drafts = sum_rate(s.counter("drafts"), window, s.labels, sel)
+    return f"1 + (\n{ratio(accepted, drafts)}\n)"
+
+
+def position_acceptance(s: Scope, window: str, sel: str = "") -> str:
+    """Share of verify steps that accepted more than `position` drafts."""
+    per_pos = sum_rate(
+        s.counter("accepted_tokens_per_position"), window, (*s.labels, "position"), sel
+    )
+    drafts = sum_rate(s.counter("drafts"), window, s.labels, sel)
+    return f"{per_pos}\n/ on ({', '.join(s.labels)}) group_left ()\n({drafts} > 0)"
+
+
+def estimated_speedup(s: Scope, window: str, sel: str = "") -> str:
+    """Tokens per step / the model's step cost ratio: above 1 speculation pays."""
+    cost = "max by (model_name) (specdec_model_step_cost_ratio)"
+    return f"(\n{tokens_per_step(s, window, sel)}\n)\n/ on (model_name) group_left ()\n{cost}"
+
+
+def rejected_per_second(s: Scope, window: str, sel: str = "") -> str:
+    """Draft tokens proposed and thrown away, per second: the waste."""
+    proposed = sum_rate(s.counter("draft_tokens"), window, s.labels, sel)
+    accepted = sum_rate(s.counter("accepted_tokens"), window, s.labels, sel)
+    return f"{proposed}\n-\n{accepted}"
+
+
+def draft_tokens_per_second(s: Scope, window: str, sel: str = "") -> str:
+    return sum_rate(s.counter("draft_tokens"), window, s.labels, sel)
+
+
+def requests_per_second(window: str, sel: str = "") -> str:
+    return sum_rate("specdec_route_requests_total", window, ROUTE, sel)
+
+
+def decode_tokens_per_second(window: str, sel: str = "") -> str:
+    """Measured decode rate per route: streamed completion tokens / seconds after first token."""
+    return ratio(
+        sum_rate("specdec_route_decode_tokens_total", window, ROUTE, sel),
+        sum_rate("specdec_route_decode_seconds_total", window, ROUTE, sel),
+    )
+
+
+def ttft_quantile(q: float, window: str, sel: str = "") -> str:
+    return (
+        f"histogram_quantile({q}, sum {by((*ROUTE, 'le'))} "
+        f"(rate(specdec_route_ttft_seconds_bucket{{{sel}}}[{window}])))"
+    )
