@@ -31,6 +31,7 @@ class StreamTap:
     usage: dict[str, Any] | None = None  # the final usage event, decoded
     increments: list[int] = field(default_factory=list)  # tokens per content event
     _pending: bytes = b""
+    _held: list[bytes] = field(default_factory=list)
     _tokens_seen: int = 0
 
     def feed(self, data: bytes) -> bytes:
@@ -48,13 +49,19 @@ class StreamTap:
 
     def flush(self) -> bytes:
         """Whatever is left when upstream ends (a truncated event passes through as it is)."""
+        held, self._held = self._held, []
         rest, self._pending = self._pending, b""
-        return rest
+        return b"".join(held) + rest
 
     def _event(self, event: bytes) -> bytes:
         if b'"choices":[]' in event and b'"usage"' in event:
             self.usage = _decode(event)
-            return b"" if self.strip_usage_event else event
+            if not self.strip_usage_event:
+                return event
+            # vLLM stamps the fingerprint on the terminal chunk when no usage chunk follows
+            fingerprint = (self.usage or {}).get("system_fingerprint")
+            held, self._held = self._held, []
+            return b"".join(_stamp(e, fingerprint) for e in held)
         if self.strip_usage_fields:
             event = self._strip_usage_field(event)
         if any(m in event for m in _HAS_TEXT) and not any(m in event for m in _EMPTY_CONTENT):
@@ -63,6 +70,9 @@ class StreamTap:
                 self.first_content_at = now
             self.last_content_at = now
             self.content_events += 1
+        if self.strip_usage_event and b'"finish_reason":"' in event:
+            self._held.append(event)  # until the usage event tells its fingerprint
+            return b""
         return event
 
     def _strip_usage_field(self, event: bytes) -> bytes:
@@ -74,6 +84,13 @@ class StreamTap:
                 self.increments.append(tokens - self._tokens_seen)
                 self._tokens_seen = tokens
         return _USAGE_FIELD.sub(b"", event, count=1)
+
+
+def _stamp(event: bytes, fingerprint: Any) -> bytes:
+    """Add `"system_fingerprint"` as the last key of a chunk, where vLLM's model puts it."""
+    if not isinstance(fingerprint, str) or not event.endswith(b"}\n\n"):
+        return event
+    return event[:-3] + b',"system_fingerprint":' + json.dumps(fingerprint).encode() + b"}\n\n"
 
 
 def _decode(event: bytes) -> dict[str, Any] | None:

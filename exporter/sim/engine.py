@@ -56,7 +56,7 @@ class RequestStats:
     per_step_drafted: list[int] = field(default_factory=list)
     completion_tokens: int = 0
 
-    def to_dict(self, detailed: bool) -> dict[str, object]:
+    def to_dict(self, detailed: bool, whole: bool = False) -> dict[str, object]:
         steps = sum(self.histogram)
         accepted = sum(j * n for j, n in enumerate(self.histogram))
         result: dict[str, object] = {
@@ -71,6 +71,8 @@ class RequestStats:
         if detailed and self.per_step_accepted:
             result["per_step_accepted"] = self.per_step_accepted
             result["per_step_drafted"] = self.per_step_drafted
+        elif whole:  # pydantic's full dump of a non-streamed response keeps them, as null
+            result |= {"per_step_accepted": None, "per_step_drafted": None}
         return result
 
 
@@ -91,11 +93,18 @@ class SimEngine:
         self.truth: dict[str, Counts] = {}
         self.running = [0] * engines
         self._rng = random.Random(seed)
+        self.seed, self.starts = seed, 0
         self._next_engine = 0
 
     def restart(self) -> None:
-        """Counters back to zero and new `_created` stamps, like a restarted vLLM."""
+        """Counters back to zero, new `_created` stamps and fingerprint, like a restarted vLLM."""
         self.metrics = EngineMetrics(self.model, self.engines, self.k, self.spec)
+        self.starts += 1
+
+    @property
+    def fingerprint(self) -> str:
+        """vLLM's system_fingerprint changes with every start; twins with one seed share it."""
+        return f"vllm-sim-{self.seed:04x}{self.starts:04x}"
 
     def set_spec(self, on: bool) -> None:
         """Speculation on or off (`spec_off` fault): the counters stay, no drafts are made."""

@@ -114,7 +114,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
         state,
-        Shapes(chat, request_id, int(state.clock()), engine.model),
+        Shapes(chat, request_id, int(state.clock()), engine.model, engine.fingerprint),
         prompt_tokens=max(1, len(prompt.encode()) // 3),
         stats=[RequestStats(engine.k) for _ in range(n)],
     )
@@ -140,12 +140,13 @@ class Run:
     prompt_tokens: int
     stats: list[RequestStats]
 
-    def spec_metrics(self) -> Json | None:
-        """`metrics` as vLLM fills it: only with the flag on, speculation configured and n == 1."""
+    def spec_metrics(self, whole: bool = False) -> Json | None:
+        """The per-request object as vLLM fills it: only with the flag on, speculation
+        configured and n == 1."""
         level = self.state.per_request
         if level == "none" or len(self.stats) != 1 or self.state.engine.k == 0:
             return None
-        return {"speculative_decoding": self.stats[0].to_dict(level == "detailed")}
+        return self.stats[0].to_dict(level == "detailed", whole)
 
     def completion_tokens(self) -> int:
         return sum(s.completion_tokens for s in self.stats)
@@ -156,7 +157,7 @@ class Run:
             texts[index] += "".join(out.tokens)
             finishes[index] = out.finish_reason or finishes[index]
         body = self.shapes.response(
-            self.prompt_tokens, self.completion_tokens(), texts, finishes, self.spec_metrics()
+            self.prompt_tokens, self.completion_tokens(), texts, finishes, self.spec_metrics(True)
         )
         return web.json_response(body, dumps=_dumps)
 
@@ -166,11 +167,14 @@ class Run:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         continuous = bool(options.get("continuous_usage_stats"))
+        final_usage = bool(options.get("include_usage"))
         drop_after = self.state.faults.get("drop_connection_mid_stream")
 
         def send(chunk: Json, completion: int) -> bytes:
             if continuous:
-                chunk["usage"] = usage(self.prompt_tokens, completion)
+                chunk["usage"] = usage(self.prompt_tokens, completion, details=True)
+            if not final_usage and chunk["choices"][0]["finish_reason"] is not None:
+                chunk["system_fingerprint"] = self.shapes.fingerprint  # no usage chunk to carry it
             return sse(chunk)
 
         if self.shapes.chat:
@@ -185,10 +189,10 @@ class Run:
             if drop_after is not None and chunks >= drop_after and request.transport is not None:
                 request.transport.close()  # a simulated network failure: no usage, no [DONE]
                 return resp
-        if options.get("include_usage"):
-            chunk = self.shapes.usage_chunk(
-                self.prompt_tokens, self.completion_tokens(), self.spec_metrics()
-            )
+        if final_usage:
+            spec = self.spec_metrics()
+            metrics = None if spec is None else {"speculative_decoding": spec}
+            chunk = self.shapes.usage_chunk(self.prompt_tokens, self.completion_tokens(), metrics)
             await resp.write(sse(chunk))
         await resp.write(sse("[DONE]"))
         await resp.write_eof()

@@ -1,8 +1,10 @@
-"""vLLM's OpenAI-compatible JSON shapes: stream chunks, whole responses, errors.
+"""vLLM's OpenAI-compatible JSON shapes, as the real 0.32 server sends them.
 
-Streamed chunks are what vLLM's pydantic models give with `exclude_unset=True`; the final usage
-chunk also drops None values (`exclude_none=True`), so it has no `metrics` key when there is no
-per-request object. Whole responses carry every field, `metrics` null when there is none.
+Streamed chunks are vLLM's pydantic models dumped with `exclude_unset=True`, so a key is there
+when vLLM set it, even to null; the final usage chunk also drops None values (`exclude_none`),
+so it has no `metrics` key without a per-request object. The terminal chunk carries the
+`system_fingerprint` only when no usage chunk follows. Whole responses carry every field.
+Recorded real responses: tests/fixtures/real-vllm-*.
 """
 
 from __future__ import annotations
@@ -11,30 +13,57 @@ import json
 from typing import Any
 
 Json = dict[str, Any]
+TIMING_NULLS = (
+    "time_to_first_token_ms",
+    "generation_time_ms",
+    "queue_time_ms",
+    "mean_itl_ms",
+    "tokens_per_second",
+)
+
+
+# vLLM's stream models dump their fields in declaration order, whatever order they were set in
+CHUNK_ORDER = (
+    "id",
+    "object",
+    "created",
+    "model",
+    "choices",
+    "usage",
+    "system_fingerprint",
+    "prompt_token_ids",
+    "prompt_text",
+    "metrics",
+)
 
 
 def sse(data: Json | str) -> bytes:
-    body = (
-        data
-        if isinstance(data, str)
-        else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    )
-    return f"data: {body}\n\n".encode()
+    if isinstance(data, str):
+        return f"data: {data}\n\n".encode()
+    ordered = {key: data[key] for key in CHUNK_ORDER if key in data}
+    return f"data: {json.dumps(ordered, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
-def usage(prompt: int, completion: int) -> Json:
-    return {
+def usage(prompt: int, completion: int, details: bool = False) -> Json:
+    """`details`: the continuous per-chunk usage also has completion_tokens_details (null)."""
+    out: Json = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
     }
+    if details:
+        out["completion_tokens_details"] = None
+    return out
 
 
 class Shapes:
     """Builds the JSON of one request, chat or text completion."""
 
-    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
+    def __init__(
+        self, chat: bool, request_id: str, created: int, model: str, fingerprint: str
+    ) -> None:
         self.chat = chat
+        self.fingerprint = fingerprint
         self.head: Json = {
             "id": request_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -49,7 +78,7 @@ class Shapes:
             "logprobs": None,
             "finish_reason": None,
         }
-        return {**self.head, "choices": [choice], "prompt_token_ids": None}
+        return {**self.head, "choices": [choice], "prompt_token_ids": None, "prompt_text": None}
 
     def content_chunk(self, index: int, text: str, finish: str | None) -> Json:
         if self.chat:
@@ -59,27 +88,36 @@ class Shapes:
                 "logprobs": None,
                 "finish_reason": finish,
             }
+            if finish is not None:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
-        if finish is not None or not self.chat:
-            choice["stop_reason"] = None
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
         return {**self.head, "choices": [choice]}
 
     def usage_chunk(self, prompt: int, completion: int, metrics: Json | None) -> Json:
-        chunk: Json = {**self.head, "choices": [], "usage": usage(prompt, completion)}
+        chunk: Json = {
+            **self.head,
+            "choices": [],
+            "usage": usage(prompt, completion),
+            "system_fingerprint": self.fingerprint,
+        }
         if metrics is not None:
             chunk["metrics"] = metrics
         return chunk
 
     def response(
-        self,
-        prompt: int,
-        completion: int,
-        texts: list[str],
-        finishes: list[str],
-        metrics: Json | None,
+        self, prompt: int, completion: int, texts: list[str], finishes: list[str], spec: Json | None
     ) -> Json:
-        choices = []
+        choices: list[Json] = []
         for i, (text, finish) in enumerate(zip(texts, finishes, strict=True)):
             if self.chat:
                 message = {
@@ -113,10 +151,27 @@ class Shapes:
                         "token_ids": None,
                         "prompt_logprobs": None,
                         "prompt_token_ids": None,
+                        "routed_experts": None,
                     }
                 )
-        head = {**self.head, "object": "chat.completion" if self.chat else "text_completion"}
-        return {**head, "choices": choices, "usage": usage(prompt, completion), "metrics": metrics}
+        body: Json = {
+            **self.head,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": {
+                **usage(prompt, completion),
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+        }
+        if self.chat:
+            body |= {"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None}
+        metrics = (
+            None if spec is None else {**dict.fromkeys(TIMING_NULLS), "speculative_decoding": spec}
+        )
+        return body | {"kv_transfer_params": None, "ec_transfer_params": None, "metrics": metrics}
 
 
 def error(status: int, message: str, kind: str, param: str | None = None) -> Json:

@@ -85,7 +85,7 @@ def byte_decoder() -> dict[str, int]:
         if b not in bs:
             bs.append(b)
             cs.append(256 + len(cs) - 188)
-    return {chr(c): b for b, c in zip(bs, cs)}
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
 def token_style(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""`specdec measure`: the published per-scenario measurement against any endpoint."""

@@ -1,0 +1,232 @@
+"""The measurement as the published table, JSON, CSV or a plot; plus what it implies for the
+sidecar's config (step cost ratio, break-even acceptance) and the bandwidth roofline."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.payoff import breakeven_acceptance, decode_ceiling
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bytes_per_token: float
+    bandwidth: float
+
+    @property
+    def ceiling(self) -> float:
+        return decode_ceiling(self.bandwidth, self.bytes_per_token)
+
+
+def comparison(spec: Row, plain: Row | None) -> Row | None:
+    """Speedup against the plain run, and the step cost and break-even that implies."""
+    if plain is None:
+        return None
+    fast, slow = spec["decode_tokens_per_second_median"], plain["decode_tokens_per_second_median"]
+    if not fast or not slow:
+        return None
+    speedup = fast / slow
+    row: Row = {
+        "name": spec["name"],
+        "speedup": speedup,
+        "step_cost_ratio": None,
+        "breakeven_acceptance_rate": None,
+    }
+    length, drafts, tokens = spec["mean_acceptance_length"], spec["drafts"], spec["draft_tokens"]
+    if length and drafts:
+        cost = length / speedup  # tokens per step / speedup = one step's cost in plain steps
+        row["step_cost_ratio"] = cost
+        row["breakeven_acceptance_rate"] = breakeven_acceptance(cost, round(tokens / drafts))
+    return row
+
+
+def document(rows: list[Row], baseline: list[Row] | None, roofline: Roofline | None) -> Row:
+    """The `--json` document."""
+    by_name = {r["name"]: r for r in baseline or []}
+    base: Row | None = None
+    if baseline is not None:
+        comparisons = [c for r in rows if (c := comparison(r, by_name.get(r["name"]))) is not None]
+        base = {"scenarios": baseline, "comparison": comparisons}
+    roof: Row | None = None
+    if roofline is not None:
+        roof = {
+            "bytes_per_token": roofline.bytes_per_token,
+            "bandwidth_bytes_per_second": roofline.bandwidth,
+            "ceiling_tokens_per_second": roofline.ceiling,
+            "scenarios": [
+                {
+                    "name": r["name"],
+                    "utilization": _share(r["decode_tokens_per_second_median"], roofline.ceiling),
+                    "plain_utilization": _share(
+                        by_name.get(r["name"], {}).get("decode_tokens_per_second_median"),
+                        roofline.ceiling,
+                    ),
+                }
+                for r in rows
+            ],
+        }
+    return {"scenarios": rows, "baseline": base, "roofline": roof}
+
+
+def to_json(doc: Row) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def to_csv(doc: Row) -> str:
+    out = io.StringIO()
+    rows = doc["scenarios"]
+    comparisons = {c["name"]: c for c in (doc["baseline"] or {}).get("comparison", [])}
+    fields = (
+        [*rows[0].keys(), "speedup", "step_cost_ratio", "breakeven_acceptance_rate"] if rows else []
+    )
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        extra = comparisons.get(row["name"], {})
+        writer.writerow({**row, **{k: extra.get(k) for k in fields[-3:]}})
+    return out.getvalue()
+
+
+def to_table(doc: Row, model: str | None = None) -> str:
+    rows, base = doc["scenarios"], doc["baseline"]
+    plain = {r["name"]: r for r in (base or {}).get("scenarios", [])}
+    comparisons = {c["name"]: c for c in (base or {}).get("comparison", [])}
+    header = [
+        "scenario",
+        "requests",
+        "TTFT p50",
+        "decode p50",
+        "acceptance (/metrics)",
+        "per-request",
+        "tokens/step",
+    ]
+    if base is not None:
+        header += ["plain decode", "speedup"]
+    table = [header]
+    for r in rows:
+        line = [
+            r["name"],
+            str(r["requests"]),
+            _fmt(r["ttft_ms_median"], "{:.0f} ms"),
+            _fmt(r["decode_tokens_per_second_median"], "{:.1f} tok/s"),
+            _acceptance(r),
+            _fmt(r["per_request_acceptance_rate"], "{:.1%}"),
+            _fmt(r["mean_acceptance_length"], "{:.2f}"),
+        ]
+        if base is not None:
+            c = comparisons.get(r["name"], {})
+            line += [
+                _fmt(
+                    plain.get(r["name"], {}).get("decode_tokens_per_second_median"), "{:.1f} tok/s"
+                ),
+                _fmt(c.get("speedup"), "x{:.2f}"),
+            ]
+        table.append(line)
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+    if any(r["drafts"] is None for r in rows):
+        lines.append(
+            "\nno speculative-decoding counters on /metrics: acceptance is not known "
+            "(is vLLM running with --speculative-config?)"
+        )
+    costs = [c["step_cost_ratio"] for c in comparisons.values() if c.get("step_cost_ratio")]
+    if costs:
+        lines.append("")
+        for c in comparisons.values():
+            if c.get("step_cost_ratio"):
+                lines.append(
+                    f"{c['name']}: step cost ratio {c['step_cost_ratio']:.2f}, "
+                    f"break-even acceptance {c['breakeven_acceptance_rate']:.1%}"
+                )
+        lines.append("\n" + models_block(doc, model or "MODEL"))
+    roof = doc["roofline"]
+    if roof is not None:
+        lines.append(
+            f"\nroofline: {roof['bandwidth_bytes_per_second']:.3g} B/s / "
+            f"{roof['bytes_per_token']:.3g} B/token = "
+            f"{roof['ceiling_tokens_per_second']:.1f} tok/s ceiling"
+        )
+        for s in roof["scenarios"]:
+            lines.append(
+                f"  {s['name']}: {_fmt(s['utilization'], '{:.0%}')} of the ceiling"
+                + (f" (plain {_fmt(s['plain_utilization'], '{:.0%}')})" if base is not None else "")
+            )
+    return "\n".join(lines)
+
+
+def models_block(doc: Row, model: str) -> str:
+    """A ready `models:` entry for the sidecar config (step cost: median over scenarios)."""
+    base = doc["baseline"] or {}
+    costs = [c["step_cost_ratio"] for c in base.get("comparison", []) if c.get("step_cost_ratio")]
+    ks = [round(r["draft_tokens"] / r["drafts"]) for r in doc["scenarios"] if r["drafts"]]
+    plain = [
+        r["decode_tokens_per_second_median"]
+        for r in base.get("scenarios", [])
+        if r["decode_tokens_per_second_median"]
+    ]
+    lines = [
+        "models:   # for the sidecar config (specdec serve --config)",
+        f"  - name: {model}",
+        f"    num_speculative_tokens: {ks[0] if ks else 'K'}",
+        f"    step_cost_ratio: {statistics.median(costs):.2f}",
+    ]
+    if plain:
+        lines.append(f"    plain_decode_tokens_per_second: {statistics.median(plain):.1f}")
+    return "\n".join(lines)
+
+
+def plot(doc: Row, path: str) -> None:
+    """Decode tok/s (plain vs speculative) and acceptance per scenario, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["scenarios"]
+    plain = {r["name"]: r for r in (doc["baseline"] or {}).get("scenarios", [])}
+    names = [r["name"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    x = range(len(names))
+    spec_rates = [r["decode_tokens_per_second_median"] or 0 for r in rows]
+    left.bar([i - 0.2 for i in x], spec_rates, width=0.4, label="speculative")
+    if plain:
+        left.bar(
+            [i + 0.2 for i in x],
+            [plain.get(n, {}).get("decode_tokens_per_second_median") or 0 for n in names],
+            width=0.4,
+            label="plain",
+        )
+    left.set_xticks(list(x), names)
+    left.set_ylabel("decode tok/s (median)")
+    left.legend()
+    right.bar(list(x), [r["acceptance_rate"] or 0 for r in rows], color="tab:green")
+    right.set_xticks(list(x), names)
+    right.set_ylim(0, 1)
+    right.set_ylabel("draft acceptance (/metrics delta)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _acceptance(r: Row) -> str:
+    if r["acceptance_rate"] is None:
+        return "-"
+    return f"{r['acceptance_rate']:.1%} ({r['accepted_tokens']:.0f}/{r['draft_tokens']:.0f})"
+
+
+def _share(value: float | None, ceiling: float) -> float | None:
+    return None if value is None else value / ceiling
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)

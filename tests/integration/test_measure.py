@@ -1,0 +1,198 @@
+"""`specdec measure` against simulators: acceptance equals the realised truth exactly, the
+speedup and step cost agree with the timing model, bad input gives clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.scenarios import builtin
+from exporter.sim.engine import DRAFT_COST
+from tests.helpers import child, free_port, http_get, specdec, wait_for
+
+SPEED = 1.0  # real time: wake-up latency on a busy machine stays small against a step
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A speculative simulator and a plain one (speculation off) as the baseline."""
+    logs = tmp_path_factory.mktemp("sims")
+    spec, plain = free_port(), free_port()
+    with (
+        child(
+            specdec("sim", "--listen", f"127.0.0.1:{spec}", "--speed", str(SPEED)),
+            logs / "spec.log",
+        ),
+        child(
+            specdec(
+                "sim",
+                "--listen",
+                f"127.0.0.1:{plain}",
+                "--speed",
+                str(SPEED),
+                "--num-speculative-tokens",
+                "0",
+            ),
+            logs / "plain.log",
+        ),
+    ):
+        urls = f"http://127.0.0.1:{spec}", f"http://127.0.0.1:{plain}"
+        for url in urls:
+            wait_for(lambda u=url: http_get(u + "/v1/models"), what=f"{url} up")
+        yield urls
+
+
+def small_pack(tmp_path: Path) -> Path:
+    """Six prompts of each built-in pack, 120-token cap: same workloads, shorter run."""
+    lines = []
+    for name in ("ja_chat", "code_agent"):
+        s = builtin(name)
+        lines.append(
+            json.dumps(
+                {
+                    "name": name,
+                    "max_tokens": 120,
+                    "system": s.system,
+                    "prompts": list(s.prompts[:6]),
+                },
+                ensure_ascii=False,
+            )
+        )
+    path = tmp_path / "pack.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def truth(url: str) -> dict[str, dict[str, float]]:
+    return json.loads(http_get(url + "/admin/truth"))
+
+
+def test_measure_matches_truth_and_timing_model(sims: tuple[str, str], tmp_path: Path) -> None:
+    spec, plain = sims
+    before = truth(spec)
+    args = [
+        "measure",
+        "--base-url",
+        spec,
+        "--baseline-url",
+        plain,
+        "--scenario-file",
+        str(small_pack(tmp_path)),
+        "--bytes-per-token",
+        "20e9",
+        "--bandwidth",
+        "1.7e12",
+        "--json",
+    ]
+    out = subprocess.run(specdec(*args), capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    after = truth(spec)
+    assert set(doc) == {"scenarios", "baseline", "roofline"}
+    expected_cost = 1 + DRAFT_COST * 3
+    for row in doc["scenarios"]:
+        name = row["name"]
+        accepted = after[name]["accepted"] - before.get(name, {}).get("accepted", 0)
+        proposed = after[name]["draft_tokens"] - before.get(name, {}).get("draft_tokens", 0)
+        assert (row["accepted_tokens"], row["draft_tokens"]) == (accepted, proposed)  # exactly
+        assert row["acceptance_rate"] == row["per_request_acceptance_rate"] == accepted / proposed
+        assert row["requests"] == 6 and row["ttft_ms_median"] > 0
+    comparison = {c["name"]: c for c in doc["baseline"]["comparison"]}
+    for row in doc["scenarios"]:
+        c = comparison[row["name"]]
+        model_speedup = row["mean_acceptance_length"] / expected_cost
+        assert c["speedup"] == pytest.approx(model_speedup, rel=0.10), (row["name"], c)
+        assert c["step_cost_ratio"] == pytest.approx(expected_cost, rel=0.10), (row["name"], c)
+        assert c["breakeven_acceptance_rate"] == pytest.approx((expected_cost - 1) / 3, rel=0.25)
+    assert doc["roofline"]["ceiling_tokens_per_second"] == pytest.approx(85.0)
+
+
+def test_table_and_models_block(sims: tuple[str, str], tmp_path: Path) -> None:
+    spec, plain = sims
+    first = subprocess.run(
+        specdec(
+            "measure", "--base-url", plain, "--scenario-file", str(small_pack(tmp_path)), "--json"
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    saved = tmp_path / "plain.json"
+    saved.write_text(first.stdout)
+    out = subprocess.run(
+        specdec(
+            "measure",
+            "--base-url",
+            spec,
+            "--scenario-file",
+            str(small_pack(tmp_path)),
+            "--baseline-file",
+            str(saved),
+            "--model",
+            "sim-27b",
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "ja_chat" in out and "code_agent" in out and "speedup" in out
+    assert "models:" in out and "step_cost_ratio:" in out and "- name: sim-27b" in out
+    assert "no speculative-decoding counters" not in out
+    plain_out = json.loads(first.stdout)  # the plain server: no spec counters, still TTFT/tok/s
+    assert all(
+        r["acceptance_rate"] is None and r["decode_tokens_per_second_median"]
+        for r in plain_out["scenarios"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scenario", "nope"], "unknown scenario 'nope'"),
+        (["--scenario-file", "/nonexistent.yaml"], "cannot read"),
+        (
+            ["--scenario", "ja_chat", "--bandwidth", "1e12"],
+            "--bytes-per-token and --bandwidth together",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        specdec("measure", "--base-url", "http://127.0.0.1:9", *args),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_bad_scenario_file_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    good = "- name: ok\n  max_tokens: 10\n  prompts: [hi]\n"
+    bad.write_text(good + "- name: broken\n  max_tokens: -3\n  prompts: [x]\n")
+    result = subprocess.run(
+        specdec("measure", "--base-url", "http://127.0.0.1:9", "--scenario-file", str(bad)),
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        result.returncode == 2 and f"{bad}:4: max_tokens: expected a whole number" in result.stderr
+    )
+
+
+def test_unreachable_and_http_errors_are_clear(sims: tuple[str, str]) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        specdec("measure", "--base-url", dead, "--scenario", "ja_chat"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and f"cannot reach {dead}" in result.stderr
+    result = subprocess.run(
+        specdec("measure", "--base-url", sims[0], "--scenario", "ja_chat", "--model", "other"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and "HTTP 404" in result.stderr
