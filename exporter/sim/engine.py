@@ -98,7 +98,7 @@ class SimEngine:
 
     def restart(self) -> None:
         """Counters back to zero, new `_created` stamps and fingerprint, like a restarted vLLM."""
-        self.metrics = EngineMetrics(self.model, self.engines, self.k, self.spec)
+        self.metrics = EngineMetrics(self.model, self.engines, self.k, self.k > 0)
         self.starts += 1
 
     @property
@@ -174,13 +174,13 @@ class SimEngine:
         if not self.spec:
             return 1
         accepted = profile.draw(rng, self.k)
-        m = self.metrics
-        assert m.drafts and m.draft_tokens and m.accepted and m.per_pos
-        m.drafts.labels(*labels).inc()
-        m.draft_tokens.labels(*labels).inc(self.k)
-        m.accepted.labels(*labels).inc(accepted)
+        assert self.metrics.spec_counters is not None
+        drafts, proposed, accepted_tokens, per_pos = self.metrics.spec_counters
+        drafts.labels(*labels).inc()
+        proposed.labels(*labels).inc(self.k)
+        accepted_tokens.labels(*labels).inc(accepted)
         for pos in range(accepted):
-            m.per_pos.labels(*labels, str(pos)).inc()
+            per_pos.labels(*labels, str(pos)).inc()
         if not stats.histogram:
             stats.histogram = [0] * (self.k + 1)
         stats.histogram[accepted] += 1

@@ -7,53 +7,14 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
+# fmt: off
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+# fmt: on
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
-LABELS = ["model_name", "engine"]
+LABELS = ("model_name", "engine")
 
 
 class EngineMetrics:
@@ -62,81 +23,62 @@ class EngineMetrics:
     def __init__(self, model: str, engines: int, k: int, spec: bool) -> None:
         self.registry = CollectorRegistry()
         self.started = time.time()
-        r = self.registry
-        self.drafts = self.draft_tokens = self.accepted = self.per_pos = None
+
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(f"vllm:{name}", doc, [*LABELS, *extra], registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"vllm:{name}", doc, LABELS, buckets=buckets, registry=self.registry)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"vllm:{name}", doc, LABELS, registry=self.registry)
+
+        self.spec_counters: tuple[Counter, Counter, Counter, Counter] | None = None
         if spec:  # vLLM registers these only with --speculative-config
-            self.drafts = Counter(
-                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", LABELS, registry=r
+            self.spec_counters = (
+                counter("spec_decode_num_drafts", "Number of spec decoding drafts."),
+                counter("spec_decode_num_draft_tokens", "Number of draft tokens."),
+                counter("spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+                counter(
+                    "spec_decode_num_accepted_tokens_per_pos",
+                    "Accepted tokens per draft position.",
+                    "position",
+                ),
             )
-            self.draft_tokens = Counter(
-                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", LABELS, registry=r
-            )
-            self.accepted = Counter(
-                "vllm:spec_decode_num_accepted_tokens",
-                "Number of accepted tokens.",
-                LABELS,
-                registry=r,
-            )
-            self.per_pos = Counter(
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
-                "Accepted tokens per draft position.",
-                [*LABELS, "position"],
-                registry=r,
-            )
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=r
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "generation_tokens", "Number of generation tokens processed."
         )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
+        self.success = counter(
+            "request_success", "Count of successfully processed requests.", "finished_reason"
         )
-        self.success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*LABELS, "finished_reason"],
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+        self.ttft = histogram(
+            "time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            LABELS,
-            buckets=TTFT_BUCKETS,
-            registry=r,
+            TTFT_BUCKETS,
         )
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
+        self.itl = histogram(
+            "inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            LABELS,
-            buckets=ITL_BUCKETS,
-            registry=r,
+            ITL_BUCKETS,
         )
-        self.running = Gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            LABELS,
-            registry=r,
+        self.running = gauge(
+            "num_requests_running", "Number of requests in model execution batches."
         )
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            LABELS,
-            registry=r,
-        )
+        self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
         for engine in map(str, range(engines)):  # vLLM creates every child up front
             for metric in (
-                self.drafts,
-                self.draft_tokens,
-                self.accepted,
                 self.prompt_tokens,
                 self.generation_tokens,
                 self.ttft,
                 self.itl,
                 self.running,
                 self.waiting,
+                *(self.spec_counters or ())[:3],
             ):
-                if metric is not None:
-                    metric.labels(model, engine)
-            for pos in range(k if self.per_pos is not None else 0):
-                assert self.per_pos is not None
-                self.per_pos.labels(model, engine, str(pos))
+                metric.labels(model, engine)
+            if self.spec_counters is not None:
+                for pos in range(k):
+                    self.spec_counters[3].labels(model, engine, str(pos))
             for reason in FINISH_REASONS:
                 self.success.labels(model, engine, reason)
