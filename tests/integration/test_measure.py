@@ -133,6 +133,8 @@ def test_table_and_models_block(sims: tuple[str, str], tmp_path: Path) -> None:
             str(saved),
             "--model",
             "sim-27b",
+            "--plot",
+            str(tmp_path / "plot.png"),
         ),
         capture_output=True,
         text=True,
@@ -141,6 +143,7 @@ def test_table_and_models_block(sims: tuple[str, str], tmp_path: Path) -> None:
     assert "ja_chat" in out and "code_agent" in out and "speedup" in out
     assert "models:" in out and "step_cost_ratio:" in out and "- name: sim-27b" in out
     assert "no speculative-decoding counters" not in out
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     plain_out = json.loads(first.stdout)  # the plain server: no spec counters, still TTFT/tok/s
     assert all(
         r["acceptance_rate"] is None and r["decode_tokens_per_second_median"]
