@@ -11,7 +11,8 @@ RUNBOOK = "https://github.com/specdec/specdec/blob/main/docs/runbooks.md#"
 DROP_FRACTION = 0.2  # acceptance must fall below 80 % of the route's own day-long level ...
 DROP_SIGMAS = 6  # ... and by more than 6 binomial standard deviations of the last minute
 MIN_DRAFT_TOKENS_1M = 300  # at least this many draft tokens in the last minute
-MIN_REQUESTS_5M = 5  # and at least one request a minute on average over 5 minutes
+MIN_REQUESTS_5M = 6  # and more than one request a minute over 5 minutes: a route below
+# 1/min has at most 5 in any 5 minutes (5.26 after rate()'s extrapolation), so it never qualifies
 COVERAGE_MIN = 0.9
 
 ROUTE = "route_model_name"
@@ -106,7 +107,9 @@ def alert_groups() -> list[dict[str, Any]]:
             "2m",
             "critical",
             "Prometheus cannot scrape the specdec sidecar",
-            "No specdec metrics from {{ $labels.instance }}: acceptance, routes and these alerts are blind.",
+            # absent() has no instance label: name the job then, not an empty string
+            "No specdec metrics from {{ with $labels.instance }}{{ . }}{{ else }}any target of "
+            'job="specdec"{{ end }}: acceptance, routes and these alerts are blind.',
         ),
         _alert(
             "SpecDecodeAttributionCoverageLow",
