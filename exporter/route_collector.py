@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from exporter.accounting import Accounting
 from exporter.config import ModelConfig
 from exporter.counts import Counts, ratios, total
-from exporter.payoff import breakeven_acceptance, decode_ceiling, estimated_speedup
+from exporter.payoff import estimated_speedup
 from exporter.proxy import Proxy
 from exporter.scrape import TargetState
 
@@ -40,7 +40,6 @@ class RouteCollector(Collector):
         yield from self._counters()
         yield from self._histograms()
         yield from self._windows()
-        yield from self._models()
         yield from self._health()
 
     def _counters(self) -> Iterator[Metric]:
@@ -183,39 +182,6 @@ class RouteCollector(Collector):
                         (routed.drafts or 0.0) / engine.drafts,
                     )
         yield from (acceptance, length, speedup_est, speedup, coverage)
-
-    def _models(self) -> Iterator[Metric]:
-        breakeven = GaugeMetricFamily(
-            "specdec_breakeven_acceptance_ratio",
-            "Acceptance at which speculation breaks even: (step_cost_ratio - 1) / k (from config).",
-            labels=["model_name"],
-        )
-        ceiling = GaugeMetricFamily(
-            "specdec_decode_ceiling_tokens_per_second",
-            "Bandwidth roofline of plain decode: memory bandwidth / bytes per token (from config).",
-            labels=["model_name"],
-        )
-        step_cost = GaugeMetricFamily(
-            "specdec_model_step_cost_ratio",
-            "Cost of one verify step with k drafts over a plain decode step (from config).",
-            labels=["model_name"],
-        )
-        drafts_per_step = GaugeMetricFamily(
-            "specdec_model_num_speculative_tokens",
-            "Draft tokens per verify step, k (from config): tokens per step is at most k + 1.",
-            labels=["model_name"],
-        )
-        for name, m in sorted(self.models.items()):
-            step_cost.add_metric([name], m.step_cost_ratio)
-            drafts_per_step.add_metric([name], float(m.num_speculative_tokens))
-            breakeven.add_metric(
-                [name], breakeven_acceptance(m.step_cost_ratio, m.num_speculative_tokens)
-            )
-            if m.bytes_per_token and m.memory_bandwidth_bytes_per_second:
-                ceiling.add_metric(
-                    [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
-                )
-        yield from (step_cost, drafts_per_step, breakeven, ceiling)
 
     def _health(self) -> Iterator[Metric]:
         errors = CounterMetricFamily(

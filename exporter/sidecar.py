@@ -18,6 +18,7 @@ from exporter import __version__, logs
 from exporter.accounting import Accounting
 from exporter.collector import SpecdecCollector
 from exporter.config import Config, redact
+from exporter.model_collector import ModelCollector
 from exporter.proxy import Proxy
 from exporter.route_collector import RouteCollector, engine_by_model
 from exporter.scrape import Clock, Scraper, TargetState
@@ -38,11 +39,13 @@ class Sidecar:
         self.targets = [TargetState(t, config.windows) for t in config.targets]
         self.registry = CollectorRegistry()
         self.registry.register(SpecdecCollector(self.targets, clock))
+        models = {m.name: m for m in config.models}
+        if models:
+            self.registry.register(ModelCollector(models))
         ProcessCollector(namespace="specdec", registry=self.registry)
         self.proxy: Proxy | None = None
         self.fronted: TargetState | None = None
         if config.proxy is not None:
-            models = {m.name: m for m in config.models}
             accounting = Accounting(
                 config.proxy.route_names,
                 config.windows,

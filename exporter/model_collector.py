@@ -1,0 +1,51 @@
+"""Per-model payoff constants from config, exported so PromQL can use them (estimated speedup
+= tokens per step / step cost; tokens per step against its k + 1 ceiling; break-even; roofline),
+whether or not the proxy runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.config import ModelConfig
+from exporter.payoff import breakeven_acceptance, decode_ceiling
+
+
+class ModelCollector(Collector):
+    def __init__(self, models: dict[str, ModelConfig]) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        breakeven = GaugeMetricFamily(
+            "specdec_breakeven_acceptance_ratio",
+            "Acceptance at which speculation breaks even: (step_cost_ratio - 1) / k (from config).",
+            labels=["model_name"],
+        )
+        ceiling = GaugeMetricFamily(
+            "specdec_decode_ceiling_tokens_per_second",
+            "Bandwidth roofline of plain decode: memory bandwidth / bytes per token (from config).",
+            labels=["model_name"],
+        )
+        step_cost = GaugeMetricFamily(
+            "specdec_model_step_cost_ratio",
+            "Cost of one verify step with k drafts over a plain decode step (from config).",
+            labels=["model_name"],
+        )
+        drafts_per_step = GaugeMetricFamily(
+            "specdec_model_num_speculative_tokens",
+            "Draft tokens per verify step, k (from config): tokens per step is at most k + 1.",
+            labels=["model_name"],
+        )
+        for name, m in sorted(self.models.items()):
+            step_cost.add_metric([name], m.step_cost_ratio)
+            drafts_per_step.add_metric([name], float(m.num_speculative_tokens))
+            breakeven.add_metric(
+                [name], breakeven_acceptance(m.step_cost_ratio, m.num_speculative_tokens)
+            )
+            if m.bytes_per_token and m.memory_bandwidth_bytes_per_second:
+                ceiling.add_metric(
+                    [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
+                )
+        yield from (step_cost, drafts_per_step, breakeven, ceiling)
