@@ -14,6 +14,9 @@ EXIT_USAGE = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["dashboards"]:
+        return _dashboards(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.verb is None:
@@ -36,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     _demo_parser(verbs)
     _rules_parser(verbs)
     _measure_parser(verbs)
+    dashboards = verbs.add_parser(
+        "dashboards",
+        add_help=False,  # its own parser (dashboards/build.py) explains --check, --preview, ...
+        help="generate, check or preview the Grafana dashboards (see `specdec dashboards --help`)",
+    )
+    dashboards.set_defaults(run=lambda _: _dashboards([]))
     return parser
 
 
@@ -404,6 +413,13 @@ def _measure_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="also draw decode tok/s and acceptance per scenario (needs matplotlib)",
     )
     p.set_defaults(run=_measure)
+
+
+def _dashboards(argv: list[str]) -> int:
+    """`specdec dashboards ...` is dashboards/build.py's own command line."""
+    from dashboards.build import main as build
+
+    return build(argv)
 
 
 def _measure(args: argparse.Namespace) -> int:

@@ -78,7 +78,8 @@ def config(opts: Options) -> Config:
         targets=(Target("sim", f"{base}:{opts.sim_port}/metrics"),),
         windows=DEFAULT_WINDOWS,
         proxy=ProxyConfig(f"{base}:{opts.sim_port}", (opts.host, opts.proxy_port), "sim", routes),
-        models=(ModelConfig(MODEL, 3, step_cost, 1 / PLAIN_STEP_SECONDS),),
+        # the published dense-27B figures: ~20 GB read per token, 1.7 TB/s -> ~85 tok/s ceiling
+        models=(ModelConfig(MODEL, 3, step_cost, 1 / PLAIN_STEP_SECONDS, 20e9, 1.7e12),),
     )
 
 

@@ -1,0 +1,195 @@
+"""Exporter health: can the figures on the other dashboards be trusted right now?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import variables as V
+from dashboards.alerts import COVERAGE_MIN
+from dashboards.panels import (
+    BLUE,
+    BYTES,
+    COUNT,
+    GREEN,
+    ORANGE,
+    PER_SECOND,
+    PERCENT,
+    RED,
+    REQUESTS_PER_SECOND,
+    SECONDS,
+    TRANSPARENT,
+    UP_DOWN,
+    by_ref,
+    dashboard,
+    dashed,
+    fixed,
+    stat,
+    steps,
+    timeseries,
+    up_mappings,
+)
+from dashboards.queries import panels as Q
+
+UID = "specdec-health"
+COVERAGE = steps(RED, (COVERAGE_MIN, GREEN))
+NO_SIDECAR = "No sidecar scraped"
+
+
+def stats() -> list[Any]:
+    return [
+        stat(
+            "Sidecars up (Prometheus)",
+            "Prometheus' own `up` for each sidecar it scrapes: DOWN means no specdec metric and no "
+            "alert works for it (SpecDecodeExporterDown).",
+            [("{{instance}}", Q.sidecar_up())],
+            COUNT,
+            thresholds=UP_DOWN,
+            mappings=up_mappings(),
+            graph=False,
+            no_value=NO_SIDECAR,
+        ),
+        stat(
+            "vLLM targets up (sidecar)",
+            "Whether each sidecar's last scrape of its vLLM target got a page "
+            "(specdec_target_up). DOWN: down, slow or an HTTP error; see 'Scrape errors'.",
+            [("{{target}}", Q.target_up())],
+            COUNT,
+            thresholds=UP_DOWN,
+            mappings=up_mappings(),
+            graph=False,
+            no_value=NO_SIDECAR,
+        ),
+        stat(
+            "Attribution coverage (15m)",
+            "Drafts the proxy accounted to routes / the engine's drafts over 15 minutes. Below "
+            f"{COVERAGE_MIN:.0%} (red) some clients bypass the proxy and per-route figures miss "
+            "their traffic (SpecDecodeAttributionCoverageLow).",
+            [("{{target}}", Q.coverage("15m"))],
+            PERCENT,
+            thresholds=COVERAGE,
+            decimals=1,
+        ),
+        stat(
+            "Sidecar versions",
+            "Running specdec versions and how many sidecars run each (specdec_build_info).",
+            [("{{version}}", Q.build_versions())],
+            COUNT,
+            thresholds=steps(BLUE),
+            decimals=0,
+            graph=False,
+            no_value=NO_SIDECAR,
+        ),
+    ]
+
+
+def panels() -> list[tuple[int, list[Any]]]:
+    durations = timeseries(
+        "Scrape durations",
+        "Solid: the sidecar's last scrape of each vLLM target (fetch + parse; the target timeout "
+        "defaults to 2 s). Dashed: Prometheus' scrape of the sidecar. Rising durations come "
+        "before timeouts.",
+        [
+            ("sidecar -> {{target}}", Q.sidecar_scrape_duration()),
+            ("Prometheus -> {{instance}}", Q.prometheus_scrape_duration()),
+        ],
+        SECONDS,
+        min_value=0,
+        overrides=[by_ref("B", dashed())],
+        no_value=NO_SIDECAR,
+    )
+    errors = timeseries(
+        "Scrape errors",
+        "Failed scrapes of vLLM per second by target and reason (timeout, connection, "
+        "http_status, protocol, too_large, no_spec_metrics), and malformed spec-decode lines "
+        "skipped (dashed). Flat at 0 is healthy; no_spec_metrics means vLLM runs without "
+        "--speculative-config or the engine/prefix setting is wrong.",
+        [
+            ("{{target}} {{reason}}", Q.scrape_errors()),
+            ("{{target}} malformed lines", Q.malformed_lines()),
+        ],
+        PER_SECOND,
+        min_value=0,
+        overrides=[by_ref("B", dashed())],
+        no_value=NO_SIDECAR,
+    )
+    coverage = timeseries(
+        "Attribution coverage",
+        "Drafts accounted to routes / the engine's drafts, over 1 minute (solid) and 15 "
+        f"minutes (dashed). The red line is the alert threshold ({COVERAGE_MIN:.0%}); short "
+        "dips happen while long requests are still running.",
+        [
+            ("{{target}} 1m", Q.coverage("1m")),
+            ("{{target}} 15m", Q.coverage("15m")),
+        ],
+        PERCENT,
+        min_value=0,
+        thresholds=steps(TRANSPARENT, (COVERAGE_MIN, RED)),
+        threshold_style="dashed",
+        overrides=[by_ref("B", dashed())],
+    )
+    proxy = timeseries(
+        "Proxy errors",
+        "Upstream failures per second by reason: connection (clients got 502), timeout (504), "
+        "broken (the response was cut mid-way); and requests the proxy refused (absolute URI, "
+        "CONNECT, too large; dashed). Flat at 0 is healthy.",
+        [
+            ("upstream {{reason}}", Q.proxy_upstream_errors()),
+            ("refused", Q.proxy_refused()),
+        ],
+        PER_SECOND,
+        min_value=0,
+        overrides=[by_ref("B", dashed(), fixed(ORANGE))],
+        no_value=NO_SIDECAR,
+    )
+    statuses = timeseries(
+        "Proxy responses by status",
+        "Completion requests per second through the proxy by HTTP status, all routes. 499: "
+        "clients hanging up (the proxy cancels upstream); 502/504: vLLM unreachable or slow.",
+        [("{{status}}", Q.proxy_responses_by_status())],
+        REQUESTS_PER_SECOND,
+        min_value=0,
+        overrides=[
+            {"matcher": {"id": "byRegexp", "options": "^(499|5..)$"}, "properties": [fixed(RED)]}
+        ],
+    )
+    cpu = timeseries(
+        "Sidecar CPU",
+        "CPU of each sidecar process in cores (100 % = one core). The scrape path costs well "
+        "under 1 % of a core at a 1 s interval; the proxy adds with traffic.",
+        [("{{instance}}", Q.sidecar_cpu())],
+        PERCENT,
+        min_value=0,
+        no_value=NO_SIDECAR,
+    )
+    memory = timeseries(
+        "Sidecar memory and file descriptors",
+        "Resident memory of each sidecar (solid, left axis) and its open file descriptors "
+        "(dashed, right axis). Steady growth of either points at a leak.",
+        [
+            ("memory {{instance}}", Q.sidecar_memory()),
+            ("open fds {{instance}}", Q.sidecar_fds()),
+        ],
+        BYTES,
+        min_value=0,
+        overrides=[
+            by_ref(
+                "B",
+                dashed(),
+                {"id": "unit", "value": COUNT},
+                {"id": "custom.axisPlacement", "value": "right"},
+            )
+        ],
+        no_value=NO_SIDECAR,
+    )
+    return [(8, [durations, errors]), (8, [coverage, proxy]), (8, [statuses, cpu, memory])]
+
+
+def build() -> Any:
+    return dashboard(
+        UID,
+        "specdec / Exporter health",
+        "Is the specdec sidecar scraping vLLM, is the proxy seeing the traffic, and is the "
+        "sidecar itself healthy? Check here before trusting the payoff figures.",
+        [V.datasource(), V.job()],
+        [(5, stats()), *panels()],
+    )

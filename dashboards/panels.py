@@ -1,0 +1,436 @@
+"""Panel building blocks on top of grafanalib 0.7.1, and the normaliser for its output.
+
+grafanalib is the authoring layer; what it gets wrong for Grafana 10-12 is handled here once:
+datasource references as `{type, uid}` through the `datasource` variable, targets without the
+legacy Graphite/`intervalFactor: 2` keys, thresholds as modern steps, a small raw panel for
+bar gauges (grafanalib's BarGauge emits the Grafana 6 layout), "No traffic" instead of an empty
+or NaN panel, and `normalise()`, which deletes the nulls and old keys Grafana's schema rejects
+(it never renames anything).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grafanalib import core as G
+
+JSON = dict[str, Any]
+
+DATASOURCE: JSON = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE_UID = "specdec-prometheus"  # deploy/grafana/provisioning/datasources/prometheus.yml
+SCHEMA_VERSION = 36  # see GRAFANA_NOTES: 37+ would need showLegend and table cellOptions too
+NO_TRAFFIC = "No traffic"
+TAGS = ["specdec", "speculative-decoding", "vllm"]
+
+# units (Grafana unit ids; "suffix:" is Grafana's custom-unit syntax)
+PERCENT = "percentunit"
+TIMES = "suffix:x"
+TOKENS_PER_SECOND = "suffix: tok/s"
+TOKENS_PER_STEP = "suffix: tok/step"
+SECONDS = "s"
+REQUESTS_PER_SECOND = "reqps"
+PER_SECOND = "cps"
+BYTES = "bytes"
+COUNT = "short"
+
+GREEN, YELLOW, ORANGE, RED, BLUE = "green", "yellow", "orange", "red", "blue"
+TRANSPARENT = "transparent"  # a threshold step that only draws its line
+
+
+def steps(base: str, *levels: tuple[float, str]) -> list[JSON]:
+    """Threshold steps: `base` colour below the first level, then each (value, colour)."""
+    return [{"color": base, "value": None}] + [{"color": c, "value": v} for v, c in levels]
+
+
+NEUTRAL = steps(BLUE)
+BREAK_EVEN_LINE = steps(TRANSPARENT, (1.0, RED))  # time series: a red dashed line at 1x
+SPEEDUP = steps(RED, (1.0, GREEN))  # above 1 speculation pays
+UP_DOWN = steps(RED, (1.0, GREEN))
+
+
+@dataclass(frozen=True)
+class PromTarget:
+    """A Prometheus query as Grafana 10-12 store it (grafanalib's Target adds a Graphite
+    `target`, `intervalFactor: 2` and a fixed `step`)."""
+
+    expr: str
+    ref: str
+    legend: str = ""
+    instant: bool = False
+    table: bool = False
+
+    def to_json_data(self) -> JSON:
+        return {
+            "datasource": DATASOURCE,
+            "editorMode": "code",
+            "expr": self.expr,
+            "format": "table" if self.table else "time_series",
+            "instant": self.instant or self.table,
+            "legendFormat": self.legend,
+            "range": not (self.instant or self.table),
+            "refId": self.ref,
+        }
+
+
+class RawPanel(G.Panel):  # type: ignore[misc]  # grafanalib is untyped
+    """A panel type with raw `options` / `fieldConfig` (bar gauge: grafanalib's is Grafana 6)."""
+
+    def __init__(self, *, type: str, options: JSON, fieldConfig: JSON, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.type, self.options, self.fieldConfig = type, options, fieldConfig
+
+    def to_json_data(self) -> JSON:
+        return dict(
+            self.panel_json(
+                {"type": self.type, "options": self.options, "fieldConfig": self.fieldConfig}
+            )
+        )
+
+
+def targets(
+    *queries: tuple[str, str], instant: bool = False, table: bool = False
+) -> list[PromTarget]:
+    """(legend, expr) pairs as targets A, B, C ...; `table`: instant queries in table format."""
+    return [
+        PromTarget(expr, chr(ord("A") + i), legend, instant, table)
+        for i, (legend, expr) in enumerate(queries)
+    ]
+
+
+def by_ref(ref: str, *properties: JSON) -> JSON:
+    return {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": list(properties)}
+
+
+def by_name(name: str, *properties: JSON) -> JSON:
+    return {"matcher": {"id": "byName", "options": name}, "properties": list(properties)}
+
+
+def prop(key: str, value: Any) -> JSON:
+    return {"id": key, "value": value}
+
+
+def fixed(color: str) -> JSON:
+    return prop("color", {"fixedColor": color, "mode": "fixed"})
+
+
+def dashed() -> JSON:
+    return prop("custom.lineStyle", {"dash": [10, 10], "fill": "dash"})
+
+
+def reference_line(ref: str, color: str = RED) -> JSON:
+    """Override for a reference series (break-even, ceiling): dashed, fixed colour, no fill."""
+    return by_ref(ref, dashed(), fixed(color), prop("custom.fillOpacity", 0))
+
+
+def timeseries(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str]],
+    unit: str,
+    *,
+    overrides: Iterable[JSON] = (),
+    thresholds: list[JSON] | None = None,
+    threshold_style: str = "off",
+    min_value: int | None = None,
+    max_value: int | None = None,
+    decimals: int | None = None,
+    stack: bool = False,
+    no_value: str = NO_TRAFFIC,
+) -> Any:
+    return G.TimeSeries(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=targets(*queries),
+        unit=unit,
+        maxDataPoints=None,
+        interval=None,
+        lineWidth=2,
+        fillOpacity=10 if stack else 0,
+        stacking={"group": "A", "mode": "normal"} if stack else {"mode": "none"},
+        legendDisplayMode="list",
+        legendPlacement="bottom",
+        legendCalcs=["lastNotNull"],
+        tooltipMode="multi",
+        thresholds=thresholds if thresholds is not None else steps(GREEN),
+        thresholdsStyleMode=threshold_style,
+        valueMin=min_value,
+        valueMax=max_value,
+        valueDecimals=decimals,
+        overrides=list(overrides),
+        extraJson={"fieldConfig": {"defaults": {"noValue": no_value}}},
+    )
+
+
+def stat(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str]],
+    unit: str,
+    *,
+    thresholds: list[JSON] = NEUTRAL,
+    decimals: int | None = None,
+    mappings: list[JSON] | None = None,
+    text_mode: str = "value_and_name",
+    graph: bool = True,
+    no_value: str = NO_TRAFFIC,
+) -> Any:
+    return G.Stat(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=targets(*queries),
+        format=unit,
+        decimals=decimals,
+        color={"mode": "thresholds"},
+        colorMode="value",
+        graphMode="area" if graph else "none",
+        textMode=text_mode,
+        reduceCalc="lastNotNull",
+        noValue=no_value,
+        thresholds=thresholds,
+        mappings=mappings or [],
+        maxDataPoints=None,
+    )
+
+
+def up_mappings(up: str = "UP", down: str = "DOWN") -> list[JSON]:
+    return [
+        {
+            "options": {
+                "0": {"color": RED, "index": 0, "text": down},
+                "1": {"color": GREEN, "index": 1, "text": up},
+            },
+            "type": "value",
+        }
+    ]
+
+
+def bargauge(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str]],
+    unit: str,
+    *,
+    min_value: float = 0,
+    max_value: float | None = None,
+    thresholds: list[JSON] = NEUTRAL,
+    no_value: str = NO_TRAFFIC,
+) -> Any:
+    """A horizontal bar per series, each showing its last value (instant queries)."""
+    defaults: JSON = {
+        "color": {"mode": "thresholds"},
+        "min": min_value,
+        "noValue": no_value,
+        "unit": unit,
+        "decimals": 1,
+    }
+    if max_value is not None:
+        defaults["max"] = max_value
+    return RawPanel(
+        type="bargauge",
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=targets(*queries, instant=True),
+        thresholds=thresholds,
+        maxDataPoints=None,
+        options={
+            "displayMode": "gradient",
+            "orientation": "horizontal",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showUnfilled": True,
+            "text": {},
+        },
+        fieldConfig={"defaults": defaults, "overrides": []},
+    )
+
+
+def table(
+    title: str,
+    description: str,
+    queries: Sequence[tuple[str, str]],
+    *,
+    columns: dict[str, str],
+    hide: Sequence[str] = ("Time",),
+    overrides: Iterable[JSON] = (),
+    sort_by: str | None = None,
+    no_value: str = NO_TRAFFIC,
+) -> Any:
+    """Instant queries in table format merged into one row per label set.
+
+    `columns` renames the value columns ("Value #A" -> a header) and orders them after the
+    label columns; `hide` drops columns (the timestamp by default).
+    """
+    order = {name: i for i, name in enumerate(columns)}
+    return G.Table(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=targets(*queries, table=True),
+        maxDataPoints=None,
+        overrides=list(overrides),
+        thresholds=steps(GREEN),
+        sortBy=[G.TableSortByField(displayName=columns[sort_by])] if sort_by else [],
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {name: True for name in hide},
+                    "indexByName": order,
+                    "renameByName": columns,
+                },
+            },
+        ],
+        extraJson={"fieldConfig": {"defaults": {"noValue": no_value}}},
+    )
+
+
+def layout(rows: Sequence[tuple[int, Sequence[Any]]]) -> list[Any]:
+    """Place panels row by row: (height, panels) with the row's 24 columns shared equally
+    (a panel given as (panel, width) takes that width instead); number them in that order."""
+    placed: list[Any] = []
+    y = 0
+    for height, panels in rows:
+        items = [p if isinstance(p, tuple) else (p, None) for p in panels]
+        fixed_width = sum(w for _, w in items if w is not None)
+        free = [p for p, w in items if w is None]
+        share = (24 - fixed_width) // len(free) if free else 0
+        x = 0
+        for panel, width in items:
+            w = width if width is not None else share
+            panel.gridPos = G.GridPos(h=height, w=w, x=x, y=y)
+            panel.id = len(placed) + 1
+            placed.append(panel)
+            x += w
+        y += height
+    return placed
+
+
+ALERTS_EXPR = 'ALERTS{alertname=~"SpecDecode.*", alertstate="firing"}'
+
+
+def alert_annotations() -> JSON:
+    """Firing specdec alerts (Prometheus' ALERTS series) as regions on every time series."""
+    return {
+        "datasource": DATASOURCE,
+        "enable": True,
+        "hide": False,
+        "iconColor": RED,
+        "name": "specdec alerts",
+        "tagKeys": "alertname,severity,route,model_name",
+        "target": {"expr": ALERTS_EXPR, "interval": "1m", "refId": "Anno"},
+        "textFormat": "{{route}} {{model_name}} {{target}}",
+        "titleFormat": "{{alertname}} ({{severity}})",
+        "useValueForTime": False,
+    }
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    variables: Sequence[Any],
+    rows: Sequence[tuple[int, Sequence[Any]]],
+) -> Any:
+    return G.Dashboard(
+        uid=uid,
+        title=title,
+        description=description,
+        tags=TAGS,
+        editable=True,
+        schemaVersion=SCHEMA_VERSION,
+        graphTooltip=G.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
+        timezone="browser",
+        refresh="30s",
+        time=G.Time("now-3h", "now"),
+        templating=G.Templating(list=list(variables)),
+        annotations=G.Annotations(list=[alert_annotations()]),
+        links=[
+            {
+                "asDropdown": False,
+                "icon": "external link",
+                "includeVars": True,
+                "keepTime": True,
+                "tags": ["specdec"],
+                "targetBlank": False,
+                "title": "specdec dashboards",
+                "tooltip": "The other specdec dashboards, with the same variables and time range",
+                "type": "dashboards",
+            }
+        ],
+        panels=layout(rows),
+    )
+
+
+# --- the normaliser -------------------------------------------------------------------------
+
+# keys grafanalib emits that Grafana 10-12's dashboard schema no longer has
+OLD_DASHBOARD_KEYS = {"__inputs", "hideControls", "rows", "sharedCrosshair", "style"}
+OLD_PANEL_KEYS = {
+    "columns",  # Table: pre-8 layout
+    "color",  # Table: panel-level, Grafana reads fieldConfig.defaults.color
+    "editable",
+    "error",
+    "fontSize",
+    "height",
+    "mappings",  # Table: panel-level mappings are ignored (fieldConfig.defaults.mappings)
+    "minSpan",
+    "span",
+    "styles",
+}
+OLD_VARIABLE_KEYS = {"auto", "auto_count", "auto_min", "tagValuesQuery", "tagsQuery", "useTags"}
+OLD_TIMEPICKER_KEYS = {"time_options"}
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Remove null-valued keys, except a threshold step's `value` (the base step's is null:
+    "from minus infinity"; the schema types it `number | null`)."""
+    if isinstance(value, dict):
+        step = "color" in value and "value" in value
+        return {
+            k: _drop_nulls(v) for k, v in value.items() if v is not None or (step and k == "value")
+        }
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _panel(panel: JSON) -> JSON:
+    for key in OLD_PANEL_KEYS:
+        panel.pop(key, None)
+    config = panel.setdefault("fieldConfig", {"defaults": {}})
+    config.setdefault("defaults", {})
+    config.setdefault("overrides", [])
+    if panel.get("type") == "row":
+        panel["panels"] = [_panel(p) for p in panel.get("panels", [])]
+    return panel
+
+
+def normalise(data: JSON) -> JSON:
+    """grafanalib's dashboard JSON without nulls and pre-schema keys; only deletes keys (plus an
+    empty `fieldConfig` / `overrides` where a panel lacks them)."""
+    out: JSON = _drop_nulls(data)
+    for key in OLD_DASHBOARD_KEYS:
+        out.pop(key, None)
+    for key in OLD_TIMEPICKER_KEYS:
+        out.get("timepicker", {}).pop(key, None)
+    for variable in out.get("templating", {}).get("list", []):
+        for key in OLD_VARIABLE_KEYS:
+            variable.pop(key, None)
+        variable.get("current", {}).pop("tags", None)
+    out["panels"] = [_panel(p) for p in out.get("panels", [])]
+    return out
+
+
+def to_json(dash: Any) -> JSON:
+    """The dashboard as normalised plain JSON data (via grafanalib's encoder)."""
+    import json
+
+    from grafanalib._gen import DashboardEncoder
+
+    raw: JSON = json.loads(json.dumps(dash.to_json_data(), cls=DashboardEncoder))
+    return normalise(raw)

@@ -1,0 +1,233 @@
+"""The headline dashboard: is speculation paying off for each route (voice chat, agent, ...),
+and since when did that change?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import variables as V
+from dashboards.alerts import MIN_REQUESTS_5M
+from dashboards.panels import (
+    BREAK_EVEN_LINE,
+    GREEN,
+    ORANGE,
+    PERCENT,
+    RED,
+    REQUESTS_PER_SECOND,
+    SECONDS,
+    SPEEDUP,
+    TIMES,
+    TOKENS_PER_SECOND,
+    TOKENS_PER_STEP,
+    by_name,
+    by_ref,
+    dashboard,
+    dashed,
+    fixed,
+    prop,
+    reference_line,
+    stat,
+    steps,
+    table,
+    timeseries,
+)
+from dashboards.queries import panels as Q
+
+UID = "specdec-payoff"
+ROUTE_LEGEND = "{{route}} ({{model_name}})"
+
+ACCEPTANCE_5M = Q.route_rule("acceptance", "ratio_rate5m")
+TOKENS_PER_STEP_5M = Q.route_rule("tokens_per_step", "ratio_rate5m")
+SPEEDUP_5M = Q.route_rule("estimated_speedup", "ratio_rate5m")
+DECODE_5M = Q.route_rule("decode_tokens_per_second", "ratio_rate5m")
+
+
+def headline_stats() -> list[Any]:
+    return [
+        stat(
+            "Estimated speedup now",
+            "Tokens per verify step over the last 5 minutes divided by the model's step_cost_ratio "
+            "(what one verify step with k drafts costs, in plain decode steps). Above 1x the route "
+            "decodes faster with speculation; red below 1x: it costs more than it saves. "
+            "Rule route_model_name:specdec_route_estimated_speedup:ratio_rate5m.",
+            [("{{route}}", SPEEDUP_5M)],
+            TIMES,
+            thresholds=SPEEDUP,
+            decimals=2,
+        ),
+        stat(
+            "Draft acceptance now",
+            "Share of proposed draft tokens the target model accepted over the last 5 minutes, per "
+            "route. Compare with the break-even line in 'Draft acceptance by route' below: under "
+            "it speculation loses. Rule route_model_name:specdec_route_acceptance:ratio_rate5m.",
+            [("{{route}}", ACCEPTANCE_5M)],
+            PERCENT,
+            decimals=1,
+        ),
+        stat(
+            "Tokens per step now",
+            "Tokens each verify step produced over the last 5 minutes: 1 + accepted drafts per "
+            "step (the bonus token included). 1 means no draft was ever accepted; k + 1 is the "
+            "ceiling. Rule route_model_name:specdec_route_tokens_per_step:ratio_rate5m.",
+            [("{{route}}", TOKENS_PER_STEP_5M)],
+            TOKENS_PER_STEP,
+            decimals=2,
+        ),
+        stat(
+            "Measured decode rate now",
+            "Completion tokens per second of a streamed request after its first token, per route, "
+            "over the last 5 minutes: what a user of the route sees. Rule "
+            "route_model_name:specdec_route_decode_tokens_per_second:ratio_rate5m.",
+            [("{{route}}", DECODE_5M)],
+            TOKENS_PER_SECOND,
+            decimals=0,
+        ),
+    ]
+
+
+def route_table() -> Any:
+    columns = {
+        "route": "Route",
+        "model_name": "Model",
+        "Value #A": "Acceptance now (5m)",
+        "Value #B": "Same hour yesterday",
+        "Value #C": "Change",
+        "Value #D": "Last 24 h",
+        "Value #E": "Est. speedup now",
+        "Value #F": "Requests/s",
+    }
+    percent = ("Acceptance now (5m)", "Same hour yesterday", "Last 24 h")
+    return table(
+        "Routes: acceptance now vs one day ago",
+        "One row per route and model. 'Same hour yesterday' is the 1-hour acceptance one day ago "
+        "(empty until the route has a day of history); 'Change' is now minus that, in "
+        "percentage points (red: dropped by more than 5 points). 'Last 24 h' is the day-long "
+        "level the SpecDecodeAcceptanceDrop alert compares against. All from recording rules.",
+        [
+            ("", ACCEPTANCE_5M),
+            ("", Q.route_acceptance_yesterday()),
+            ("", Q.route_acceptance_change()),
+            ("", Q.route_rule("acceptance", "ratio_rate1d")),
+            ("", SPEEDUP_5M),
+            ("", Q.route_rule("requests", "rate5m")),
+        ],
+        columns=columns,
+        sort_by="route",
+        overrides=[
+            *(by_name(name, prop("unit", PERCENT), prop("decimals", 1)) for name in percent),
+            by_name(
+                "Change",
+                prop("unit", PERCENT),
+                prop("decimals", 1),
+                prop("custom.displayMode", "color-text"),
+                prop("thresholds", {"mode": "absolute", "steps": steps(RED, (-0.05, GREEN))}),
+            ),
+            by_name(
+                "Est. speedup now",
+                prop("unit", TIMES),
+                prop("decimals", 2),
+                prop("custom.displayMode", "color-text"),
+                prop("thresholds", {"mode": "absolute", "steps": SPEEDUP}),
+            ),
+            by_name("Requests/s", prop("unit", REQUESTS_PER_SECOND), prop("decimals", 2)),
+        ],
+    )
+
+
+def trends() -> list[tuple[int, list[Any]]]:
+    acceptance = timeseries(
+        "Draft acceptance by route",
+        "Accepted / proposed draft tokens per route over 5-minute windows, side by side. The "
+        "dashed red line is the model's break-even acceptance, (step_cost_ratio - 1) / k: a route "
+        "below it loses time to speculation. A step down marks when a workload changed (new "
+        "prompts, language, model or drafter); alerts show as red regions.",
+        [
+            (ROUTE_LEGEND, ACCEPTANCE_5M),
+            ("break-even ({{model_name}})", Q.breakeven()),
+        ],
+        PERCENT,
+        min_value=0,
+        max_value=1,
+        overrides=[reference_line("B")],
+    )
+    tokens = timeseries(
+        "Tokens per step vs the k+1 ceiling",
+        "Tokens produced per verify step (1 + accepted drafts per step) per route, 5-minute "
+        "windows. The dashed line is the ceiling k + 1, reached only when every draft is "
+        "accepted. The gap to it is what the drafter leaves on the table for that workload.",
+        [
+            (ROUTE_LEGEND, TOKENS_PER_STEP_5M),
+            ("ceiling k+1 ({{model_name}})", Q.tokens_per_step_ceiling()),
+        ],
+        TOKENS_PER_STEP,
+        min_value=1,
+        decimals=2,
+        overrides=[reference_line("B", ORANGE)],
+    )
+    speedup = timeseries(
+        "Speedup: estimated and measured",
+        "Solid: estimated speedup, tokens per step / step_cost_ratio. Dashed: measured speedup, "
+        "the route's decode rate / the model's configured plain decode rate (needs "
+        "plain_decode_tokens_per_second). Below the red 1x line speculation costs more than it "
+        "saves; SpecDecodeBelowBreakEven fires when the 1-hour figure stays below 1x for 15 minutes.",
+        [
+            ("estimated " + ROUTE_LEGEND, SPEEDUP_5M),
+            ("measured " + ROUTE_LEGEND, Q.route_measured_speedup()),
+        ],
+        TIMES,
+        thresholds=BREAK_EVEN_LINE,
+        threshold_style="dashed",
+        decimals=2,
+        overrides=[by_ref("B", dashed())],
+    )
+    decode = timeseries(
+        "Measured decode rate by route",
+        "Completion tokens per second after the first token, per streamed request, per route "
+        "(5-minute windows): the speed a user of the route sees. Falls with acceptance, and "
+        "with load on the shared engine.",
+        [(ROUTE_LEGEND, DECODE_5M)],
+        TOKENS_PER_SECOND,
+        min_value=0,
+        decimals=0,
+    )
+    ttft = timeseries(
+        "Time to first token by route",
+        "Request in to first content token out, streamed requests, p50 (solid) and p95 "
+        "(dashed). Speculation does not speed up the first token; a rise here with steady "
+        "acceptance points at queueing on the engine.",
+        [
+            ("p50 " + ROUTE_LEGEND, Q.route_ttft(0.5)),
+            ("p95 " + ROUTE_LEGEND, Q.route_ttft(0.95)),
+        ],
+        SECONDS,
+        min_value=0,
+        overrides=[by_ref("B", dashed())],
+    )
+    requests = timeseries(
+        "Requests by route and status",
+        "Completion requests per second through the proxy by route and HTTP status. 499: the "
+        "client hung up; 502/504: vLLM unreachable or timed out. Low traffic makes the ratios "
+        f"above noisy; the alerts ignore routes with fewer than {MIN_REQUESTS_5M} requests in 5 "
+        "minutes.",
+        [("{{route}} {{status}}", Q.route_requests_by_status())],
+        REQUESTS_PER_SECOND,
+        min_value=0,
+        overrides=[
+            {
+                "matcher": {"id": "byRegexp", "options": ".* (499|5..)$"},
+                "properties": [fixed(RED)],
+            }
+        ],
+    )
+    return [(9, [acceptance, tokens]), (9, [speedup, decode]), (8, [ttft, requests])]
+
+
+def build() -> Any:
+    return dashboard(
+        UID,
+        "specdec / Payoff by route",
+        "Is speculative decoding paying off for each workload? Per-route acceptance, tokens per "
+        "step, speedup against break-even, and what users see (decode rate, TTFT).",
+        [V.datasource(), V.job(), V.route_model(), V.route()],
+        [(5, headline_stats()), (7, [route_table()]), *trends()],
+    )

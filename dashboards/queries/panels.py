@@ -1,0 +1,180 @@
+"""PromQL for dashboard panels: recording rules where they exist, raw counters over
+`$__rate_interval` where they do not, filtered by the dashboards' template variables.
+
+Recording rules aggregate by their level's labels (route, model_name / model_name, engine)
+and so carry no `job`: panels reading them cover every sidecar of the selected routes or
+engines. Raw-counter panels also honour `$job`.
+"""
+
+from __future__ import annotations
+
+from dashboards.promql import by, ratio, sum_rate
+from dashboards.queries import spec
+from dashboards.selectors import ENGINE
+
+RATE = "$__rate_interval"
+
+# selectors over the template variables (all multi-value with "All" = .*)
+JOB = 'job=~"$job"'
+MODEL = 'model_name=~"$model_name"'
+ROUTE_SEL = f'{MODEL}, route=~"$route"'
+ENGINE_SEL = f'{MODEL}, engine=~"$engine"'
+RAW_ROUTE = f"{JOB}, {ROUTE_SEL}"
+RAW_ENGINE = f"{JOB}, {ENGINE_SEL}"
+RAW_MODEL = f"{JOB}, {MODEL}"
+
+
+def rule(scope: spec.Scope, figure: str, suffix: str, per_position: bool = False) -> str:
+    """A recording rule of dashboards/rules.py, e.g. rule(ROUTES, "acceptance", "ratio_rate5m")."""
+    level = f"{scope.level}_position" if per_position else scope.level
+    sel = ROUTE_SEL if scope is spec.ROUTES else ENGINE_SEL
+    return f"{level}:{scope.prefix}{figure}:{suffix}{{{sel}}}"
+
+
+def route_rule(figure: str, suffix: str) -> str:
+    return rule(spec.ROUTES, figure, suffix)
+
+
+def engine_rule(figure: str, suffix: str, per_position: bool = False) -> str:
+    return rule(spec.ENGINES, figure, suffix, per_position)
+
+
+# --- model config gauges (from the sidecar's `models:` section) --------------------------
+
+
+def breakeven() -> str:
+    """Acceptance below which speculation costs more than it saves, per model."""
+    return f"max by (model_name) (specdec_breakeven_acceptance_ratio{{{RAW_MODEL}}})"
+
+
+def tokens_per_step_ceiling() -> str:
+    """k + 1: every draft accepted plus the bonus token."""
+    return f"max by (model_name) (specdec_model_num_speculative_tokens{{{RAW_MODEL}}}) + 1"
+
+
+def decode_ceiling() -> str:
+    return f"max by (model_name) (specdec_decode_ceiling_tokens_per_second{{{RAW_MODEL}}})"
+
+
+# --- per route -------------------------------------------------------------------------
+
+
+def route_measured_speedup() -> str:
+    """The sidecar's measured decode rate / the model's plain decode rate, 5m window."""
+    return f'specdec_route_speedup_ratio{{{RAW_ROUTE}, window="5m"}}'
+
+
+def route_ttft(q: float) -> str:
+    return spec.ttft_quantile(q, RATE, RAW_ROUTE)
+
+
+def route_requests_by_status() -> str:
+    return sum_rate("specdec_route_requests_total", RATE, ("route", "status"), RAW_ROUTE)
+
+
+def route_acceptance_change() -> str:
+    """Acceptance now (5m) minus the same hour yesterday, in ratio points."""
+    return (
+        f"{route_rule('acceptance', 'ratio_rate5m')}\n- on (route, model_name)\n"
+        f"{route_rule('acceptance', 'ratio_rate1h')} offset 1d"
+    )
+
+
+def route_acceptance_yesterday() -> str:
+    return f"{route_rule('acceptance', 'ratio_rate1h')} offset 1d"
+
+
+# --- per model x engine ------------------------------------------------------------------
+
+
+def engine_flow(counter: str) -> str:
+    """Draft tokens per second of one engine counter (proposed, accepted, rejected)."""
+    return sum_rate(f"specdec_{counter}_total", RATE, ENGINE, RAW_ENGINE)
+
+
+def engine_restarts() -> str:
+    return f"sum {by(ENGINE)} (increase(specdec_engine_restarts_total{{{RAW_ENGINE}}}[$__range]))"
+
+
+def vllm_quantile(q: float, histogram: str) -> str:
+    """A quantile of one of vLLM's own histograms (the engine's job, not the sidecar's)."""
+    return (
+        f"histogram_quantile({q}, sum {by((*ENGINE, 'le'))} "
+        f"(rate(vllm:{histogram}_bucket{{{ENGINE_SEL}}}[{RATE}])))"
+    )
+
+
+def vllm_gauge(name: str) -> str:
+    return f"sum {by(ENGINE)} (vllm:{name}{{{ENGINE_SEL}}})"
+
+
+def model_decode_rate() -> str:
+    """Per-request decode rate of the model's streamed requests through the proxy."""
+    return ratio(
+        sum_rate("specdec_route_decode_tokens_total", RATE, ("model_name",), RAW_MODEL),
+        sum_rate("specdec_route_decode_seconds_total", RATE, ("model_name",), RAW_MODEL),
+    )
+
+
+def ceiling_utilization() -> str:
+    """Per-request decode rate / the plain-decode bandwidth roofline (> 1: beyond the roofline)."""
+    return f"(\n{model_decode_rate()}\n)\n/ on (model_name)\n({decode_ceiling()} > 0)"
+
+
+# --- exporter health ------------------------------------------------------------------------
+
+
+def sidecar_up() -> str:
+    return f"up{{{JOB}}}"
+
+
+def target_up() -> str:
+    return f"specdec_target_up{{{JOB}}}"
+
+
+def build_versions() -> str:
+    return f"count by (version) (specdec_build_info{{{JOB}}})"
+
+
+def sidecar_scrape_duration() -> str:
+    return f"specdec_scrape_duration_seconds{{{JOB}}}"
+
+
+def prometheus_scrape_duration() -> str:
+    return f"scrape_duration_seconds{{{JOB}}}"
+
+
+def scrape_errors() -> str:
+    return sum_rate("specdec_scrape_errors_total", RATE, ("target", "reason"), JOB)
+
+
+def malformed_lines() -> str:
+    return sum_rate("specdec_malformed_lines_total", RATE, ("target",), JOB)
+
+
+def coverage(window: str) -> str:
+    return f'specdec_attribution_coverage_ratio{{{JOB}, window="{window}"}}'
+
+
+def proxy_upstream_errors() -> str:
+    return sum_rate("specdec_proxy_upstream_errors_total", RATE, ("reason",), JOB)
+
+
+def proxy_refused() -> str:
+    return sum_rate("specdec_proxy_refused_requests_total", RATE, (), JOB)
+
+
+def proxy_responses_by_status() -> str:
+    return sum_rate("specdec_route_requests_total", RATE, ("status",), JOB)
+
+
+def sidecar_cpu() -> str:
+    return f"rate(specdec_process_cpu_seconds_total{{{JOB}}}[{RATE}])"
+
+
+def sidecar_memory() -> str:
+    return f"specdec_process_resident_memory_bytes{{{JOB}}}"
+
+
+def sidecar_fds() -> str:
+    return f"specdec_process_open_fds{{{JOB}}}"
