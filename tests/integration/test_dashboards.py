@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.build import (
+from dashboards.build import dashboards
+from dashboards.live import (
     PrometheusError,
     Query,
     annotation_queries,
-    dashboards,
     instant,
     panel_queries,
     resolve_variables,
