@@ -380,6 +380,13 @@ def _measure_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--model", help="the model name to request (default: the first of /v1/models)")
     p.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="sampling temperature sent with each request (default: the server's own; "
+        "0 gives greedy, repeatable output)",
+    )
+    p.add_argument(
         "--baseline-url",
         metavar="URL",
         help="the same model served without speculation: adds plain decode and speedup",

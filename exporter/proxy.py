@@ -125,16 +125,20 @@ class Proxy:
         """Ask upstream for what accounting needs; the tap removes it on the way back."""
         options = parsed.get("stream_options")
         options = dict(options) if isinstance(options, dict) else {}
-        tap = StreamTap(
-            strip_usage_event=not options.get("include_usage"),
-            strip_usage_fields=self.objects_missing
-            and not options.get("continuous_usage_stats")
-            and (parsed.get("n") or 1) == 1,
+        usage, continuous = (
+            bool(options.get("include_usage")),
+            bool(options.get("continuous_usage_stats")),
         )
-        if tap.strip_usage_event or tap.strip_usage_fields:
-            options["include_usage"] = True
-            if tap.strip_usage_fields:
-                options["continuous_usage_stats"] = True
+        # token increments for estimates when vLLM sends no per-request object (n == 1 only)
+        want_continuous = continuous or (self.objects_missing and (parsed.get("n") or 1) == 1)
+        tap = StreamTap(
+            strip_usage_event=not usage,
+            # vLLM sends per-chunk usage only with both options: what the client did not get
+            # directly, it must not get through the proxy
+            strip_usage_fields=want_continuous and not (usage and continuous),
+        )
+        if not usage or want_continuous != continuous:
+            options |= {"include_usage": True, "continuous_usage_stats": want_continuous}
             body = json.dumps({**parsed, "stream_options": options}).encode()
         return tap, body
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.measure.report import Roofline, document, plot, to_csv, to_json, to_table
-from exporter.measure.runner import MeasureError, ScenarioResult, measure, tty_progress
+from exporter.measure.runner import MeasureError, Plan, ScenarioResult, measure
 from exporter.scenarios import Scenario, ScenarioError, builtin, load_file
 
 EXIT_USAGE = 2
@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print("specdec measure: give --bytes-per-token and --bandwidth together", file=sys.stderr)
         return EXIT_USAGE
     roofline = Roofline(args.bytes_per_token, args.bandwidth) if args.bandwidth else None
+    plan = Plan(args.runs, args.concurrency, args.temperature)
     base = args.base_url.rstrip("/")
     spec: list[ScenarioResult] = []
     plain: list[ScenarioResult] = []
@@ -44,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
             if plain_base:
                 runs.append((plain_base, f"{plain_base}/metrics", None, plain))
             for url, metrics, model, into in runs:
-                job = measure(
-                    url, metrics, [scenario], args.runs, args.concurrency, model, tty_progress, into
-                )
+                job = measure(url, metrics, [scenario], model, plan, into)
                 asyncio.run(job)
     except MeasureError as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)

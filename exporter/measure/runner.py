@@ -102,21 +102,29 @@ async def engine_page(session: aiohttp.ClientSession, metrics_url: str) -> str:
         raise MeasureError(f"cannot reach {metrics_url}: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How to replay: times each prompt is sent, requests in flight, sampling temperature."""
+
+    runs: int = 1
+    concurrency: int = 1
+    temperature: float | None = None  # None: the server's default
+    progress: Progress = tty_progress
+
+
 async def run_scenario(
     session: aiohttp.ClientSession,
     base_url: str,
     metrics_url: str,
     model: str,
     scenario: Scenario,
-    runs: int,
-    concurrency: int,
-    progress: Progress,
+    plan: Plan,
     result: ScenarioResult,
 ) -> None:
     """Fill `result` as requests complete (so an interrupted run still has what it got)."""
     fams = families("vllm")
     before = await engine_page(session, metrics_url)
-    todo = runs * len(scenario.prompts)
+    todo = plan.runs * len(scenario.prompts)
     queue = list(range(todo))
     url = f"{base_url}/v1/chat/completions"
 
@@ -132,9 +140,9 @@ async def run_scenario(
                 result.results.append(await stream_chat(session, url, body))
             except (RequestFailed, aiohttp.ClientError) as exc:
                 result.failures.append(str(exc))
-            progress(scenario.name, len(result.results) + len(result.failures), todo)
+            plan.progress(scenario.name, len(result.results) + len(result.failures), todo)
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
     if not result.results:
         raise MeasureError(f"every request of {scenario.name} failed: {result.failures[0]}")
     after = await engine_page(session, metrics_url)
@@ -147,10 +155,8 @@ async def measure(
     base_url: str,
     metrics_url: str,
     scenarios: list[Scenario],
-    runs: int,
-    concurrency: int,
     model: str | None,
-    progress: Progress,
+    plan: Plan,
     into: list[ScenarioResult],
 ) -> None:
     """Run every scenario in turn, appending to `into` as it goes."""
@@ -160,6 +166,4 @@ async def measure(
         for scenario in scenarios:
             result = ScenarioResult(scenario.name)
             into.append(result)
-            await run_scenario(
-                session, base_url, metrics_url, name, scenario, runs, concurrency, progress, result
-            )
+            await run_scenario(session, base_url, metrics_url, name, scenario, plan, result)

@@ -51,6 +51,10 @@ class RequestStats:
 
     k: int
     histogram: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.histogram = self.histogram or [0] * (self.k + 1)  # k + 1 zeros even with no step
+
     draft_tokens: int = 0
     per_step_accepted: list[int] = field(default_factory=list)
     per_step_drafted: list[int] = field(default_factory=list)
@@ -181,8 +185,6 @@ class SimEngine:
         accepted_tokens.labels(*labels).inc(accepted)
         for pos in range(accepted):
             per_pos.labels(*labels, str(pos)).inc()
-        if not stats.histogram:
-            stats.histogram = [0] * (self.k + 1)
         stats.histogram[accepted] += 1
         stats.draft_tokens += self.k
         stats.per_step_accepted.append(accepted)

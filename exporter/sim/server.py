@@ -56,7 +56,7 @@ def _state(request: web.Request) -> SimState:
 
 
 def _json_error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.json_response(error(status, message, kind, param), status=status)
+    return _json(error(status, message, kind, param), status)
 
 
 async def _health(_: web.Request) -> web.Response:
@@ -74,7 +74,7 @@ async def _models(request: web.Request) -> web.Response:
         "parent": None,
         "max_model_len": 32768,
     }
-    return web.json_response({"object": "list", "data": [card]})
+    return _json({"object": "list", "data": [card]})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -159,20 +159,21 @@ class Run:
         body = self.shapes.response(
             self.prompt_tokens, self.completion_tokens(), texts, finishes, self.spec_metrics(True)
         )
-        return web.json_response(body, dumps=_dumps)
+        return _json(body)
 
     async def stream(
         self, request: web.Request, outputs: AsyncIterator[tuple[int, Output]], options: Json
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
-        continuous = bool(options.get("continuous_usage_stats"))
         final_usage = bool(options.get("include_usage"))
+        # vLLM honours continuous_usage_stats only together with include_usage
+        continuous = final_usage and bool(options.get("continuous_usage_stats"))
         drop_after = self.state.faults.get("drop_connection_mid_stream")
 
         def send(chunk: Json, completion: int) -> bytes:
             if continuous:
-                chunk["usage"] = usage(self.prompt_tokens, completion, details=True)
+                chunk["usage"] = usage(self.prompt_tokens, completion, details=self.shapes.chat)
             if not final_usage and chunk["choices"][0]["finish_reason"] is not None:
                 chunk["system_fingerprint"] = self.shapes.fingerprint  # no usage chunk to carry it
             return sse(chunk)
@@ -257,8 +258,10 @@ def _prompt_text(body: Json, chat: bool) -> str | None:
     return prompt if isinstance(prompt, str) and prompt else None
 
 
-def _dumps(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+def _json(data: Any, status: int = 200) -> web.Response:
+    """Compact JSON as vLLM (FastAPI) sends it: `application/json`, no charset parameter."""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return web.Response(body=body, status=status, headers={"Content-Type": "application/json"})
 
 
 async def _restart(request: web.Request) -> web.Response:

@@ -36,6 +36,36 @@ CASES: list[tuple[str, str, dict[str, Any] | None]] = [
         },
     ),
     ("POST", "/v1/chat/completions", {"messages": JA, "max_tokens": 30}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {
+            "messages": JA,
+            "stream": True,
+            "max_tokens": 30,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {
+            "prompt": "def add(a, b):",
+            "stream": True,
+            "max_tokens": 25,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {
+            "prompt": "x = ",
+            "stream": True,
+            "max_tokens": 1,
+            "stream_options": {"continuous_usage_stats": True},
+        },
+    ),
     ("POST", "/v1/completions", {"prompt": "def add(a, b):", "stream": True, "max_tokens": 25}),
     (
         "POST",

@@ -108,15 +108,24 @@ async def test_completions_and_options(sim: TestClient[Any, Any]) -> None:
             "prompt": "def f():",
             "max_tokens": 8,
             "stream": True,
-            "stream_options": {"continuous_usage_stats": True},
+            "stream_options": {"continuous_usage_stats": True, "include_usage": True},
         },
     )
     events = await sse_events(resp)
     assert all(e["object"] == "text_completion" for e in events)
     used = [e["usage"]["completion_tokens"] for e in events]
     assert used == sorted(used) and used[-1] == 8
-    assert "metrics" not in events[-1], "no usage chunk without include_usage"
-    assert "".join(e["choices"][0]["text"] for e in events)
+    assert events[-1]["choices"] == [] and "metrics" in events[-1]
+    assert "".join(e["choices"][0]["text"] for e in events[:-1])
+    # like vLLM, continuous_usage_stats alone gives no usage anywhere
+    body = {
+        "prompt": "def f():",
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"continuous_usage_stats": True},
+    }
+    events = await sse_events(await sim.post("/v1/completions", json=body))
+    assert all("usage" not in e for e in events)
 
     # n > 1: no per-request object (null), like vLLM
     whole = await (
