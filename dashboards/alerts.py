@@ -57,9 +57,7 @@ def acceptance_drop() -> dict[str, Any]:
 
 
 def alert_groups() -> list[dict[str, Any]]:
-    drop = acceptance_drop()
-    rules = [
-        drop,
+    rules = [  # SpecDecodeAcceptanceDrop lives with its recording rules (dashboards/rules.py)
         _alert(
             "SpecDecodeBelowBreakEven",
             f"{ROUTE}:specdec_route_estimated_speedup:ratio_rate1h < 1\n"

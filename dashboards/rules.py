@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from dashboards.alerts import alert_groups
+from dashboards.alerts import acceptance_drop, alert_groups
 from dashboards.queries import spec
 from dashboards.selectors import RULE_WINDOWS
 
@@ -56,6 +56,10 @@ def recording_rules() -> list[dict[str, Any]]:
                 spec.draft_tokens_per_second(scope, "1m"),
             )
         )
+        if scope is spec.ROUTES:
+            # evaluated right after the 1m acceptance it reads, not one group offset later:
+            # a live server otherwise adds up to an evaluation interval to the detection time
+            rules.append(acceptance_drop())
         groups.append({"name": f"specdec-{lvl}", "interval": "15s", "rules": rules})
     route = spec.ROUTES
     groups.append(

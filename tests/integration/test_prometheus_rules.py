@@ -68,7 +68,7 @@ def test_promtool_check_rules() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     for path in RULES:
         n = sum(len(g["rules"]) for g in groups(path))
-        assert n >= 7
+        assert n >= 6  # 7 alerts: one of them sits with its recording rules
         assert f"Checking {path.relative_to(REPO)}\n  SUCCESS: {n} rules found" in out.stdout, (
             out.stdout
         )
