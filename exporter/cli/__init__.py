@@ -1,0 +1,36 @@
+"""`specdec <verb>`: the command line, one module per verb. Each verb's --help explains every
+flag."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exporter import __version__
+from exporter.cli import demo, derive, generate, measure, serve, sim
+from exporter.cli.common import EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["dashboards"]:  # dashboards/build.py has its own parser
+        return generate.dashboards(argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return EXIT_USAGE
+    result: int = args.run(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Live speculative-decoding payoff for vLLM: a Prometheus sidecar and tools.",
+    )
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb in (serve, derive, sim, demo, generate, measure):
+        verb.register(verbs)
+    return parser

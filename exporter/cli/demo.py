@@ -1,0 +1,91 @@
+"""`specdec demo`: simulator, sidecar, proxy and two workloads on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exporter import logs
+from exporter.cli.common import EXIT_USAGE, Verbs
+
+
+def register(verbs: Verbs) -> None:
+    p = verbs.add_parser(
+        "demo",
+        help="simulator + sidecar + two workloads, all on this machine",
+        description="Run the whole bundle on a laptop: the vLLM simulator, the sidecar scraping "
+        "it, and traffic from a Japanese voice chat and an English coding agent sharing one "
+        "engine. Prints the URLs, then every few seconds a line per workload and for the engine. "
+        "Ctrl-C stops everything.",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind everything to (default 127.0.0.1)"
+    )
+    p.add_argument("--sim-port", type=int, default=8000, help="simulated vLLM port (default 8000)")
+    p.add_argument(
+        "--sidecar-port", type=int, default=10419, help="sidecar /metrics port (default 10419)"
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="run the simulated engine X times faster than real time (default 1)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        metavar="N",
+        help="concurrent clients per workload (default 2)",
+    )
+    p.add_argument(
+        "--report-every",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between progress lines (default 5)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
+    p.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also run Debian's `prometheus` with ./prometheus.yml if it is on PATH",
+    )
+    p.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        help="port for --with-prometheus (default 9090)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporter import demo
+
+    logs.setup("warning")
+    options = demo.Options(
+        host=args.host,
+        sim_port=args.sim_port,
+        sidecar_port=args.sidecar_port,
+        speed=args.speed,
+        concurrency=args.concurrency,
+        report_every=args.report_every,
+        duration=args.duration,
+        with_prometheus=args.with_prometheus,
+        prometheus_port=args.prometheus_port,
+    )
+    if options.speed <= 0 or options.concurrency < 1 or options.report_every <= 0:
+        print(
+            "specdec demo: --speed and --report-every must be > 0, --concurrency >= 1",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    demo.main(options)
+    return 0

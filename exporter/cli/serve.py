@@ -1,0 +1,89 @@
+"""`specdec serve`: the sidecar (scrape loops, /metrics and, when configured, the proxy)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exporter import logs
+from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.config import DEFAULT_LISTEN, Config, ConfigError, from_flags, load
+
+
+def register(verbs: Verbs) -> None:
+    p = verbs.add_parser(
+        "serve",
+        help="scrape vLLM /metrics and export rolling acceptance",
+        description="Scrape one or more vLLM /metrics endpoints continuously and serve derived "
+        "speculative-decoding metrics (counters and rolling gauges) on the sidecar's own /metrics.",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML config file (targets, listen, windows). Exclusive with --target.",
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a vLLM /metrics URL to scrape, e.g. http://127.0.0.1:8000/metrics (repeatable; "
+        "each target is named after its host:port)",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help=f"where the sidecar serves /metrics (default {DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}; "
+        "overrides the config file's listen)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between scrapes of each --target (default 1)",
+    )
+    p.add_argument(
+        "--window",
+        action="append",
+        metavar="DURATION",
+        help="a rolling window such as 1m, 5m, 15m (repeatable; default 1m, 5m and 15m)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info); logs are JSON lines unless stdout is a terminal",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level)
+    try:
+        config = _serve_config(args)
+    except ConfigError as exc:
+        print(f"specdec: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from exporter.sidecar import serve
+
+    serve(config)
+    return 0
+
+
+def _serve_config(args: argparse.Namespace) -> Config:
+    if args.config and args.target:
+        raise ConfigError(
+            "command line", None, "--target", "give either --config or --target, not both"
+        )
+    if args.config:
+        config = load(args.config)
+        if args.listen:
+            flags = from_flags([], args.listen, 1.0, None)
+            config = Config(flags.listen, config.targets, config.windows)
+        return config
+    if not args.target:
+        raise ConfigError(
+            "command line", None, "--target", "give at least one --target URL or --config FILE"
+        )
+    return from_flags(args.target, args.listen, args.interval, args.window)
