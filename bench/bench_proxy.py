@@ -21,7 +21,10 @@ streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80
     python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--json FILE] [--check]
 
 Nothing is pinned: on a 2-core machine the load generator, the simulator and the proxy share
-the cores, as they would on a small host; that contention is part of what c=64 measures.
+the cores, as they would on a small host; that contention is part of what c=64 measures. Load
+from outside the benchmark is measured per segment ("other": /proc/stat busy time less the
+benchmark's own processes); when some rounds were not quiet, the goals are judged again on the
+quiet rounds only. Results and their reading: bench/results_proxy.md.
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 READY_DEADLINE = 30.0
 MODEL = "sim-27b"
 PATHS = ("direct", "nginx", "proxy")
@@ -376,13 +378,14 @@ def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
     urls = {"direct": f"http://127.0.0.1:{sim_port}/v1/chat/completions"}
 
     nginx: Child | None = None
-    binary = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
-    )
+    binary = shutil.which("nginx")
     if args.no_nginx:
         print("nginx: skipped (--no-nginx)")
     elif binary is None:
-        print("nginx: NOT FOUND on PATH, skipping the nginx path (apt-get install -y nginx)")
+        print(
+            "nginx: NOT FOUND on PATH, skipping the nginx path "
+            "(install: apt-get install -y nginx; it lives in /usr/sbin)"
+        )
     else:
         nginx_port = free_port()
         conf = tmp / "nginx.conf"
