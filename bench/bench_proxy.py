@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from _run import guarded
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -909,21 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx path")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
-    args = parser.parse_args(argv)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)  # unwinds through run()'s finally: children stopped
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        return run(args)
-    except RuntimeError as exc:
-        print(f"bench_proxy: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench_proxy: interrupted", file=sys.stderr)
-        return 130
+    return guarded("bench_proxy", run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from _pages import PAGE_1ENGINE, CounterPage
+from _run import guarded
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -300,21 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-gzip", action="store_true", help="serve the page uncompressed even when accepted"
     )
-    args = parser.parse_args(argv)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)  # unwinds through run()'s finally: children stopped
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        return run(args)
-    except RuntimeError as exc:
-        print(f"bench_sidecar_cpu: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench_sidecar_cpu: interrupted", file=sys.stderr)
-        return 130
+    return guarded("bench_sidecar_cpu", run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":
