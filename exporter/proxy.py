@@ -15,7 +15,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -25,6 +24,7 @@ from exporter.config import ProxyConfig
 from exporter.counts import from_spec_object
 from exporter.routes import Router
 from exporter.sse import StreamTap
+from exporter.upstream import Broken, Exchange, Upstream
 
 HOP_BY_HOP = frozenset(
     (
@@ -39,6 +39,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        "expect",  # the body is read whole before it is forwarded
     )
 )
 COMPLETIONS = ("/v1/chat/completions", "/v1/completions")
@@ -53,7 +54,7 @@ class Proxy:
         self.objects_missing = False  # learnt: upstream sends no per-request object
         self.upstream_errors: dict[str, int] = {"connection": 0, "timeout": 0, "broken": 0}
         self.refused = 0
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._guard])
@@ -63,18 +64,13 @@ class Proxy:
         return app
 
     async def _start(self, _: web.Application) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=self.config.connect_timeout, sock_read=self.config.read_timeout
-            ),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+        self._upstream = Upstream(
+            self.config.upstream, self.config.connect_timeout, self.config.read_timeout
         )
 
     async def _stop(self, _: web.Application) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._upstream is not None:
+            self._upstream.close()
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -150,69 +146,69 @@ class Proxy:
         tap: StreamTap | None,
         result: dict[str, Any],
     ) -> tuple[web.StreamResponse, str]:
-        assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        assert self._upstream is not None
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         try:
-            upstream = await self._session.request(
-                request.method,
-                self.config.upstream + raw,
-                data=body or None,
-                headers=headers,
-                allow_redirects=False,
-            )
+            exchange = await self._upstream.request(request.method, raw, headers, body)
         except TimeoutError:
             self.upstream_errors["timeout"] += 1
             return _error(504, "upstream timed out", "GatewayTimeout"), "504"
-        except aiohttp.ClientError as exc:
+        except OSError as exc:
             self.upstream_errors["connection"] += 1
             self.log.warning("upstream unreachable", error=type(exc).__name__)
             return _error(502, "upstream unreachable", "BadGateway"), "502"
         try:
-            return await self._relay(request, upstream, tap, result), str(upstream.status)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            if request.transport is None or request.transport.is_closing():
-                return web.Response(status=499), "499"  # the client hung up while we wrote
+            return await self._relay(request, exchange, tap, result), str(exchange.head.status)
+        except _ClientGone:
+            return web.Response(status=499), "499"
+        except Broken as exc:
             self.upstream_errors["broken"] += 1  # upstream broke mid-response
-            self.log.warning("upstream response broken", error=type(exc).__name__)
+            self.log.warning("upstream response broken", error=str(exc))
             if request.transport is not None:
                 request.transport.close()  # the client must see the break, not a clean end
             return web.Response(status=502), "502"
         finally:
-            if upstream.content.at_eof():
-                upstream.release()  # keep-alive: the connection goes back to the pool
-            else:
-                upstream.close()  # unfinished (client gone): drop it so vLLM aborts the request
+            exchange.close()  # a finished response keeps its connection; else vLLM aborts
 
     async def _relay(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        exchange: Exchange,
         tap: StreamTap | None,
         result: dict[str, Any],
     ) -> web.StreamResponse:
-        headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP]
-        if upstream.headers.get("Content-Length") is None:  # streamed (SSE): chunk by chunk
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        head = exchange.head
+        headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
+        if head.get("Content-Length") is not None:  # whole
+            data = await exchange.read()
+            whole = web.Response(body=data, status=head.status, reason=head.reason)
             for k, v in headers:
-                resp.headers.add(k, v)
-            await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                data = tap.feed(chunk) if tap is not None else chunk
-                if data:
-                    await resp.write(data)
-            if tap is not None and (rest := tap.flush()):
-                await resp.write(rest)
-            await resp.write_eof()
-            if tap is not None:
-                result["usage"] = tap.usage
-            return resp
-        data = await upstream.read()
-        whole = web.Response(body=data, status=upstream.status, reason=upstream.reason)
+                whole.headers.add(k, v)
+            if head.status == 200 and tap is None:
+                result["usage"] = _json_object(data)
+            return whole
+        resp = web.StreamResponse(status=head.status, reason=head.reason)  # streamed (SSE)
         for k, v in headers:
-            whole.headers.add(k, v)
-        if upstream.status == 200 and tap is None:
-            result["usage"] = _json_object(data)
-        return whole
+            resp.headers.add(k, v)
+        writer = await resp.prepare(request)
+        transport = request.transport
+        if writer is None or transport is None:
+            raise _ClientGone
+        sink = _ClientSink(transport, exchange, tap, resp.headers.get("Transfer-Encoding"))
+        exchange.start(sink)
+        await resp.write(sink.take())  # what came with the head goes out with our head
+        sink.stream()
+        while not await exchange.relayed():  # False: the client reads slower than vLLM writes
+            await writer.drain()
+            exchange.resume()
+        if transport.is_closing():
+            raise _ClientGone
+        if tap is not None:
+            if rest := tap.flush():
+                await resp.write(rest)
+            result["usage"] = tap.usage
+        await resp.write_eof()
+        return resp
 
     def _account(
         self,
@@ -250,6 +246,58 @@ class Proxy:
                 increments=tuple(tap.increments) if tap is not None else (),
             )
         )
+
+
+class _ClientGone(Exception):
+    """The client hung up while the response was relayed."""
+
+
+class _ClientSink:
+    """Upstream body bytes -> the client's transport, from the upstream's data_received: the
+    SSE tap frames and filters them, HTTP/1.1 chunking wraps what is left. No task switch."""
+
+    HIGH_WATER = 64 * 1024  # bytes buffered for the client before upstream reads pause
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        exchange: Exchange,
+        tap: StreamTap | None,
+        transfer_encoding: str | None,
+    ) -> None:
+        self.transport = transport
+        self.exchange = exchange
+        self.tap = tap
+        self.chunked = transfer_encoding == "chunked"
+        self._collected: list[bytes] | None = []  # until our response head is out
+
+    def take(self) -> bytes:
+        """What was collected so far (it goes out with the response head, in one write)."""
+        assert self._collected is not None
+        data = b"".join(self._collected)
+        self._collected.clear()
+        return data
+
+    def stream(self) -> None:
+        """From now on write straight to the client (what came meanwhile first)."""
+        data, self._collected = self.take(), None
+        if data:
+            self._write(data)
+
+    def __call__(self, data: bytes) -> bool:
+        if self.transport.is_closing():
+            self.exchange.abort(_ClientGone())  # drop the upstream connection: vLLM aborts
+            return True
+        if self.tap is not None:
+            data = self.tap.feed(data)
+        if self._collected is not None:
+            self._collected.append(data)
+        elif data:
+            self._write(data)
+        return self.transport.get_write_buffer_size() < self.HIGH_WATER
+
+    def _write(self, data: bytes) -> None:
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

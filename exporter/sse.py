@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-_EMPTY_CONTENT = (b'"content":""', b'"text":""')
-_HAS_TEXT = (b'"content":"', b'"text":"')
 _USAGE_FIELD = re.compile(rb',"usage":\{[^{}]*\}')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
@@ -64,7 +62,9 @@ class StreamTap:
             return b"".join(_stamp(e, fingerprint) for e in held)
         if self.strip_usage_fields:
             event = self._strip_usage_field(event)
-        if any(m in event for m in _HAS_TEXT) and not any(m in event for m in _EMPTY_CONTENT):
+        if (b'"content":"' in event or b'"text":"' in event) and not (
+            b'"content":""' in event or b'"text":""' in event
+        ):
             now = time.perf_counter()
             if self.first_content_at is None:
                 self.first_content_at = now
