@@ -82,6 +82,7 @@ class Proxy:
         return await handler(request)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()  # TTFT counts from here: request in -> first token out
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -103,7 +104,6 @@ class Proxy:
         tap: StreamTap | None = None
         if completion and parsed is not None and parsed.get("stream") is True:
             tap, body = self._inject(parsed, body)
-        started = time.perf_counter()
         status = "000"
         result: dict[str, Any] = {}
         try:
@@ -135,7 +135,7 @@ class Proxy:
         )
         if not usage or want_continuous != continuous:
             options |= {"include_usage": True, "continuous_usage_stats": want_continuous}
-            body = json.dumps({**parsed, "stream_options": options}).encode()
+            body = _with_key(body, parsed, "stream_options", options)
         return tap, body
 
     async def _forward(
@@ -298,6 +298,16 @@ class _ClientSink:
 
     def _write(self, data: bytes) -> None:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+
+
+def _with_key(body: bytes, parsed: dict[str, Any], key: str, value: Any) -> bytes:
+    """`body` (the JSON object `parsed`) with `key` set. A new key is spliced in before the
+    closing brace: re-encoding a long agent prompt would cost more than the rest of the hop."""
+    end = body.rstrip()
+    if key in parsed or not end.endswith(b"}"):
+        return json.dumps({**parsed, key: value}).encode()
+    member = json.dumps({key: value}).encode()[1:]  # '"key": {...}}'
+    return end[:-1] + (b"," if parsed else b"") + member
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
