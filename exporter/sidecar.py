@@ -60,7 +60,7 @@ class Sidecar:
             self.fronted = by_name.get(name) if name else None
             self.registry.register(RouteCollector(self.proxy, models, self.fronted, clock))
         self._tasks: list[asyncio.Task[None]] = []
-        self._runners: list[web.AppRunner] = []
+        self._runners: list[web.BaseRunner] = []
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -69,10 +69,9 @@ class Sidecar:
         for state in self.targets:
             scraper = Scraper(state, self._session, self.clock)
             self._tasks.append(asyncio.create_task(scraper.run(), name=state.target.name))
-        await self._serve(self._metrics_app(), self.config.listen, handler_cancellation=False)
+        await self._serve(web.AppRunner(self._metrics_app(), access_log=None), self.config.listen)
         if self.proxy is not None and self.config.proxy is not None:
-            # a client that hangs up cancels its handler, which closes the upstream request
-            await self._serve(self.proxy.app(), self.config.proxy.listen, handler_cancellation=True)
+            await self._serve(self.proxy.runner(), self.config.proxy.listen)
             self._tasks.append(asyncio.create_task(self._tick(), name="accounting"))
 
     async def stop(self) -> None:
@@ -85,11 +84,10 @@ class Sidecar:
             await runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self.proxy is not None:
+            self.proxy.close()
 
-    async def _serve(
-        self, app: web.Application, listen: tuple[str, int], handler_cancellation: bool
-    ) -> None:
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
+    async def _serve(self, runner: web.BaseRunner, listen: tuple[str, int]) -> None:
         await runner.setup()
         await web.TCPSite(runner, listen[0], listen[1]).start()
         self._runners.append(runner)
