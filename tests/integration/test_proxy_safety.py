@@ -4,6 +4,7 @@ open, bodies are bounded, secrets stay out of logs and labels, route labels stay
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import time
@@ -54,6 +55,28 @@ async def test_a_hang_up_cancels_upstream_within_100ms_1000_times() -> None:
             f"p99 {p99 * 1e3:.2f} ms, max {max(delays) * 1e3:.2f} ms"
         )
         assert p99 < 0.1
+
+
+async def test_a_hang_up_before_the_response_head_cancels_upstream_too() -> None:
+    """A whole (non-streamed) completion sends nothing until it is done: the proxy is still
+    waiting for the head when the client leaves, and must drop the upstream request then."""
+    async with simulator(speed=5) as (engine, upstream), sidecar(upstream) as (side, proxy, _):
+        whole = {"messages": CODE, "max_tokens": 2000}
+        async with aiohttp.ClientSession() as session:
+            task = asyncio.create_task(session.post(proxy + "/v1/chat/completions", json=whole))
+            deadline = time.perf_counter() + 10
+            while not sum(engine.running):  # generating: the proxy waits for the head
+                assert time.perf_counter() < deadline, "the request never reached the engine"
+                await asyncio.sleep(0.001)
+            task.cancel()  # the client hangs up
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        hung_up = time.perf_counter()
+        while sum(engine.running):
+            assert time.perf_counter() - hung_up < 1.0, "upstream request not dropped"
+            await asyncio.sleep(0.001)
+        assert side.proxy is not None
+        assert side.proxy.accounting.requests[("other", "", "499")] == 1
 
 
 async def test_upstream_down_and_slow_give_502_and_504() -> None:
