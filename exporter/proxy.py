@@ -193,11 +193,13 @@ class Proxy:
     ) -> web.StreamResponse:
         head = exchange.head
         headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
-        if head.get("Content-Length") is not None:  # whole
+        if (length := head.get("Content-Length")) is not None:  # whole
             data = await exchange.read()
             whole = web.Response(body=data, status=head.status, reason=head.reason)
             for k, v in headers:
                 whole.headers.add(k, v)
+            if request.method == "HEAD":
+                whole.headers["Content-Length"] = length  # what a GET would have sent
             if head.status == 200 and tap is None:
                 result["usage"] = _json_object(data)
             return whole

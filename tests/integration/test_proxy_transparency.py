@@ -82,14 +82,16 @@ CASES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/chat/completions", {"model": "not-served", "messages": CODE}),
     ("GET", "/v1/models", None),
     ("GET", "/health", None),
+    ("HEAD", "/v1/models", None),
 ]
 
 
 async def fetch(
     session: aiohttp.ClientSession, base: str, method: str, path: str, body: dict[str, Any] | None
-) -> tuple[int, str, bytes]:
+) -> tuple[int, str | None, str | None, bytes]:
     async with session.request(method, base + path, json=body) as resp:
-        return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+        length = resp.headers.get("Content-Length")
+        return resp.status, resp.headers.get("Content-Type"), length, await resp.read()
 
 
 @pytest.mark.parametrize("per_request", ["summary", "none"])
