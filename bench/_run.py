@@ -1,9 +1,13 @@
-"""How every benchmark script runs: signals unwind through its cleanup, errors exit 1."""
+"""How every benchmark script runs: signals unwind through its cleanup, errors exit 1; its
+child processes die with it."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -24,3 +28,16 @@ def guarded(name: str, run: Callable[[argparse.Namespace], int], args: argparse.
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
+
+
+def die_with_parent() -> None:
+    """In the child (preexec_fn): get SIGTERM when the script dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -32,13 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _run import guarded
+from _run import die_with_parent, free_port, guarded
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -124,19 +122,6 @@ models:
 # ---------------------------------------------------------------- child processes
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when this script dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class Child:
     """A child process in its own process group (nginx's workers are in it too)."""
@@ -180,7 +165,7 @@ def spawn(name: str, argv: list[str], tmp: Path) -> Child:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             start_new_session=True,  # its own process group; a Ctrl-C reaches this script only
         )
     return Child(name, proc, log)

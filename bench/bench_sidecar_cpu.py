@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import gzip
 import os
 import re
 import select
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from _pages import PAGE_1ENGINE, CounterPage
-from _run import guarded
+from _run import die_with_parent, free_port, guarded
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -110,19 +107,6 @@ def proc_stat(pid: int) -> ProcStat:
     return ProcStat((utime + stime) / TICKS, kib["VmRSS"], kib["VmHWM"])
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when this script dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def fetch(url: str, timeout: float = 5.0) -> str:
     request = urllib.request.Request(url, headers={"Accept": PROMETHEUS_ACCEPT})
     with _DIRECT.open(request, timeout=timeout) as resp:
@@ -186,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                 idle = subprocess.Popen(
                     [sys.executable, "-c", IDLE_CODE],
                     stdout=subprocess.PIPE,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                     start_new_session=True,  # a Ctrl-C reaches this script only
                 )
                 procs.append(idle)
@@ -195,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
                     cwd=REPO,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                     start_new_session=True,  # a Ctrl-C reaches this script only
                 )
                 procs.append(sidecar)
