@@ -69,19 +69,7 @@ def bump(
     engines: Iterable[str] | None = None,
 ) -> str:
     """Add the given increments to the counters of `engines` (all engines when None)."""
-    per_pos = tuple(per_pos)
-    only = None if engines is None else set(engines)
-
-    def fn(family: str, labels: dict[str, str], value: float) -> float:
-        if only is not None and labels.get("engine") not in only:
-            return value
-        if family == "accepted_tokens_per_pos":
-            i = int(labels["position"])
-            return value + (per_pos[i] if i < len(per_pos) else 0.0)
-        step = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}
-        return value + step[family]
-
-    return rewrite(text, fn)
+    return _counters(text, (drafts, draft_tokens, accepted), per_pos, engines, lambda v, x: v + x)
 
 
 def set_counts(
@@ -93,15 +81,29 @@ def set_counts(
     engines: Iterable[str] | None = None,
 ) -> str:
     """Set the counters of `engines` (all when None) to absolute values (e.g. after a reset)."""
+    return _counters(text, (drafts, draft_tokens, accepted), per_pos, engines, lambda _v, x: x)
+
+
+def _counters(
+    text: str,
+    totals: tuple[float, float, float],
+    per_pos: Iterable[float],
+    engines: Iterable[str] | None,
+    combine: Callable[[float, float], float],
+) -> str:
+    """Combine each spec-decode counter of `engines` with its given figure (positions past the
+    given ones get 0)."""
     per_pos = tuple(per_pos)
     only = None if engines is None else set(engines)
+    by_family = dict(zip(("drafts", "draft_tokens", "accepted_tokens"), totals, strict=True))
 
     def fn(family: str, labels: dict[str, str], value: float) -> float:
         if only is not None and labels.get("engine") not in only:
             return value
         if family == "accepted_tokens_per_pos":
-            return per_pos[int(labels["position"])]
-        return {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted}[family]
+            i = int(labels["position"])
+            return combine(value, per_pos[i] if i < len(per_pos) else 0.0)
+        return combine(value, by_family[family])
 
     return rewrite(text, fn)
 
