@@ -13,21 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http_parser import RawRequestMessage
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
-
-from exporter import logs
-from exporter.accounting import Accounting, Request
+from exporter import accounting, logs
+from exporter.accounting import Accounting
 from exporter.config import ProxyConfig
 from exporter.counts import from_spec_object
+from exporter.downstream import Client, date_header
+from exporter.request import Request
 from exporter.routes import Router
 from exporter.sse import StreamTap
-from exporter.upstream import Broken, Exchange, Upstream
+from exporter.upstream import Broken, Exchange, Head, Upstream
 
 HOP_BY_HOP = frozenset(
     (
@@ -46,9 +43,17 @@ HOP_BY_HOP = frozenset(
     )
 )
 COMPLETIONS = ("/v1/chat/completions", "/v1/completions")
+_INJECTED = {  # what `_inject` splices into a stream request that set no stream_options
+    continuous: json.dumps(
+        {"stream_options": {"include_usage": True, "continuous_usage_stats": continuous}}
+    ).encode()[1:]
+    for continuous in (False, True)
+}
 
 
 class Proxy:
+    """The `Server` behind every client connection: route, forward, account."""
+
     def __init__(self, config: ProxyConfig, accounting: Accounting) -> None:
         self.config = config
         self.accounting = accounting
@@ -58,82 +63,66 @@ class Proxy:
         self.upstream_errors: dict[str, int] = {"connection": 0, "timeout": 0, "broken": 0}
         self.refused = 0
         self.upstream = Upstream(config.upstream, config.connect_timeout, config.read_timeout)
+        self._server: asyncio.Server | None = None
+        self._clients: set[Client] = set()
 
-    def runner(self) -> web.ServerRunner:
-        """aiohttp's low-level server: every path is forwarded, so no router or middleware stands
-        between a request and the handler (they were a tenth of the added latency). A client
-        that hangs up cancels its handler, which closes the upstream request."""
-        server = web.Server(
-            self.handle,
-            request_factory=self._request,
-            handler_cancellation=True,
-            access_log=None,
+    async def start(self) -> None:
+        host, port = self.config.listen
+        self._server = await asyncio.get_running_loop().create_server(
+            self._client, host, port, backlog=1024
         )
-        return web.ServerRunner(server)
 
-    def close(self) -> None:
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for client in list(self._clients):
+            client.close()
         self.upstream.close()
 
-    def _request(
-        self,
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> web.BaseRequest:
-        return web.BaseRequest(
-            message,
-            payload,
-            protocol,
-            writer,
-            task,
-            asyncio.get_running_loop(),
-            client_max_size=self.config.max_body_bytes,
-        )
+    def _client(self) -> Client:
+        client = Client(self, self.config.max_body_bytes, self._clients.discard)
+        self._clients.add(client)
+        return client
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    def refuse(self, client: Client, status: int, message: str, kind: str) -> None:
+        self.refused += 1
+        _error(client, status, message, kind)
+
+    def begin(self, client: Client, request: Request, body: bytes) -> _Call | None:
+        """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
-        if request.method == "CONNECT" or not request.raw_path.startswith("/"):
-            self.refused += 1  # never an open proxy: these never reach routing
-            message = "this proxy forwards only to its configured upstream"
-            return _error(400, message, "BadRequestError")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self.refused += 1
-            return _error(
-                413,
-                f"request body larger than {self.config.max_body_bytes} bytes",
-                "RequestEntityTooLarge",
+        method, target, path = request.method, request.target, request.path
+        if method == "CONNECT" or not target.startswith("/"):
+            # never an open proxy: these never reach routing
+            self.refuse(
+                client,
+                400,
+                "this proxy forwards only to its configured upstream",
+                "BadRequestError",
             )
-        parsed = _json_object(body) if request.method == "POST" else None
-        match = self.router.match(request.path, request.headers, parsed)
-        raw = (
-            request.raw_path[len(request.path) - len(match.path) :]
-            if match.path != request.path
-            else request.raw_path
-        )
-        raw = raw if raw.startswith("/") else "/" + raw
-        completion = request.method == "POST" and match.path in COMPLETIONS and parsed is not None
-        tap: StreamTap | None = None
+            return None
+        parsed = _json_object(body) if method == "POST" else None
+        match = self.router.match(path, request.headers, parsed)
+        if match.path != path:
+            target = target[len(path) - len(match.path) :]
+            target = target if target.startswith("/") else "/" + target
+        completion = method == "POST" and match.path in COMPLETIONS and parsed is not None
+        strip: tuple[bool, bool] | None = None
         if completion and parsed is not None and parsed.get("stream") is True:
-            tap, body = self._inject(parsed, body)
-        status = "000"
-        result: dict[str, Any] = {}
-        try:
-            response, status = await self._forward(request, raw, body, tap, result)
-            return response
-        except asyncio.CancelledError:
-            status = "499"  # the client hung up; leaving this block closed the upstream request
-            raise
-        finally:
-            if completion:
-                single = parsed is not None and (parsed.get("n") or 1) == 1
-                self._account(match.route, status, started, tap, result, single)
+            body, strip = self._inject(parsed, body)
+        headers = [(k, v) for k, v in request.fields if k.lower() not in HOP_BY_HOP]
+        call = _Call(self, client, method)
+        call.exchange = self.upstream.send(method, target, headers, body, call)
+        # the rest can wait until the request is on its way: no response byte comes before
+        if strip is not None:
+            call.tap = StreamTap(*strip)
+        if completion and parsed is not None:  # accounted when it ends
+            call.account = (match.route, started, (parsed.get("n") or 1) == 1)
+        return call
 
-    def _inject(self, parsed: dict[str, Any], body: bytes) -> tuple[StreamTap, bytes]:
-        """Ask upstream for what accounting needs; the tap removes it on the way back."""
+    def _inject(self, parsed: dict[str, Any], body: bytes) -> tuple[bytes, tuple[bool, bool]]:
+        """Ask upstream for what accounting needs; say what the tap must remove on the way
+        back (the usage event, the per-event usage fields)."""
         options = parsed.get("stream_options")
         options = dict(options) if isinstance(options, dict) else {}
         usage, continuous = (
@@ -142,100 +131,24 @@ class Proxy:
         )
         # token increments for estimates when vLLM sends no per-request object (n == 1 only)
         want_continuous = continuous or (self.objects_missing and (parsed.get("n") or 1) == 1)
-        tap = StreamTap(
-            strip_usage_event=not usage,
-            # vLLM sends per-chunk usage only with both options: what the client did not get
-            # directly, it must not get through the proxy
-            strip_usage_fields=want_continuous and not (usage and continuous),
-        )
-        if not usage or want_continuous != continuous:
+        # vLLM sends per-chunk usage only with both options: what the client did not get
+        # directly, it must not get through the proxy
+        strip = (not usage, want_continuous and not (usage and continuous))
+        if "stream_options" not in parsed:  # the common case: the member is ready-made
+            body = _with_key(body, parsed, "stream_options", None, _INJECTED[want_continuous])
+        elif not usage or want_continuous != continuous:
             options |= {"include_usage": True, "continuous_usage_stats": want_continuous}
             body = _with_key(body, parsed, "stream_options", options)
-        return tap, body
-
-    async def _forward(
-        self,
-        request: web.BaseRequest,
-        raw: str,
-        body: bytes,
-        tap: StreamTap | None,
-        result: dict[str, Any],
-    ) -> tuple[web.StreamResponse, str]:
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-        try:
-            exchange = await self.upstream.request(request.method, raw, headers, body)
-        except TimeoutError:
-            self.upstream_errors["timeout"] += 1
-            return _error(504, "upstream timed out", "GatewayTimeout"), "504"
-        except OSError as exc:
-            self.upstream_errors["connection"] += 1
-            self.log.warning("upstream unreachable", error=type(exc).__name__)
-            return _error(502, "upstream unreachable", "BadGateway"), "502"
-        try:
-            return await self._relay(request, exchange, tap, result), str(exchange.head.status)
-        except _ClientGone:
-            return web.Response(status=499), "499"
-        except Broken as exc:
-            self.upstream_errors["broken"] += 1  # upstream broke mid-response
-            self.log.warning("upstream response broken", error=str(exc))
-            if request.transport is not None:
-                request.transport.close()  # the client must see the break, not a clean end
-            return web.Response(status=502), "502"
-        finally:
-            exchange.close()  # a finished response keeps its connection; else vLLM aborts
-
-    async def _relay(
-        self,
-        request: web.BaseRequest,
-        exchange: Exchange,
-        tap: StreamTap | None,
-        result: dict[str, Any],
-    ) -> web.StreamResponse:
-        head = exchange.head
-        headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
-        if (length := head.get("Content-Length")) is not None:  # whole
-            data = await exchange.read()
-            whole = web.Response(body=data, status=head.status, reason=head.reason)
-            for k, v in headers:
-                whole.headers.add(k, v)
-            if request.method == "HEAD":
-                whole.headers["Content-Length"] = length  # what a GET would have sent
-            if head.status == 200 and tap is None:
-                result["usage"] = _json_object(data)
-            return whole
-        resp = web.StreamResponse(status=head.status, reason=head.reason)  # streamed (SSE)
-        for k, v in headers:
-            resp.headers.add(k, v)
-        writer = await resp.prepare(request)
-        transport = request.transport
-        if writer is None or transport is None:
-            raise _ClientGone
-        sink = _ClientSink(transport, exchange, tap, resp.headers.get("Transfer-Encoding"))
-        exchange.start(sink)
-        await resp.write(sink.take())  # what came with the head goes out with our head
-        sink.stream()
-        while not await exchange.relayed():  # False: the client reads slower than vLLM writes
-            await writer.drain()
-            exchange.resume()
-        if transport.is_closing():
-            raise _ClientGone
-        if tap is not None:
-            if rest := tap.flush():
-                await resp.write(rest)
-            result["usage"] = tap.usage
-        await resp.write_eof()
-        return resp
+        return body, strip
 
     def _account(
         self,
-        route: str,
+        account: tuple[str, float, bool],
         status: str,
-        started: float,
         tap: StreamTap | None,
-        result: dict[str, Any],
-        single: bool,
+        doc: dict[str, Any],
     ) -> None:
-        doc: dict[str, Any] = result.get("usage") or {}
+        route, started, single = account
         usage = doc.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         metrics = doc.get("metrics")
@@ -249,7 +162,7 @@ class Proxy:
             ttft = tap.first_content_at - started
             decode = (tap.last_content_at or tap.first_content_at) - tap.first_content_at
         self.accounting.record(
-            Request(
+            accounting.Request(
                 route=route,
                 model_name=self.accounting.label_model(
                     doc.get("model") if status == "200" else None
@@ -264,65 +177,116 @@ class Proxy:
         )
 
 
-class _ClientGone(Exception):
-    """The client hung up while the response was relayed."""
+class _Call:
+    """One request between its client and the upstream: the upstream's `Receiver` and the
+    client's `Call`. A response with a Content-Length is relayed whole (a non-streamed
+    completion is decoded for its usage); any other is streamed, SSE event by event."""
 
+    def __init__(self, proxy: Proxy, client: Client, method: str) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.method = method
+        self.tap: StreamTap | None = None  # on streamed completions
+        self.exchange: Exchange | None = None
+        self.account: tuple[str, float, bool] | None = None  # route, start, single choice
+        self._whole: list[bytes] | None = None  # a Content-Length body, collected
+        self._head: Head | None = None
 
-class _ClientSink:
-    """Upstream body bytes -> the client's transport, from the upstream's data_received: the
-    SSE tap frames and filters them, HTTP/1.1 chunking wraps what is left. No task switch."""
+    # the upstream's side
+    def head(self, head: Head) -> None:
+        self._head = head
+        headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
+        if (
+            head.get("Content-Length") is not None
+            or self.method == "HEAD"
+            or head.status
+            in (
+                204,
+                304,
+            )
+        ):
+            self._whole = []
+        else:
+            self.client.start_stream(head.status, head.reason, headers)
 
-    HIGH_WATER = 64 * 1024  # bytes buffered for the client before upstream reads pause
-
-    def __init__(
-        self,
-        transport: asyncio.Transport,
-        exchange: Exchange,
-        tap: StreamTap | None,
-        transfer_encoding: str | None,
-    ) -> None:
-        self.transport = transport
-        self.exchange = exchange
-        self.tap = tap
-        self.chunked = transfer_encoding == "chunked"
-        self._collected: list[bytes] | None = []  # until our response head is out
-
-    def take(self) -> bytes:
-        """What was collected so far (it goes out with the response head, in one write)."""
-        assert self._collected is not None
-        data = b"".join(self._collected)
-        self._collected.clear()
-        return data
-
-    def stream(self) -> None:
-        """From now on write straight to the client (what came meanwhile first)."""
-        data, self._collected = self.take(), None
-        if data:
-            self._write(data)
-
-    def __call__(self, data: bytes) -> bool:
-        if self.transport.is_closing():
-            self.exchange.abort(_ClientGone())  # drop the upstream connection: vLLM aborts
+    def data(self, data: bytes) -> bool:
+        if self._whole is not None:
+            self._whole.append(data)
             return True
         if self.tap is not None:
             data = self.tap.feed(data)
-        if self._collected is not None:
-            self._collected.append(data)
-        elif data:
-            self._write(data)
-        return self.transport.get_write_buffer_size() < self.HIGH_WATER
+        if data:
+            self.client.send(data)
+        return not self.client.paused
 
-    def _write(self, data: bytes) -> None:
-        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+    def end(self) -> None:
+        head = self._head
+        assert head is not None
+        doc: dict[str, Any] | None = None
+        if self._whole is not None:
+            body = b"".join(self._whole)
+            headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
+            length = head.get("Content-Length")
+            if self.method == "HEAD" and length is not None:  # what a GET would have sent
+                headers.append(("Content-Length", length))
+            self.client.respond(
+                head.status, head.reason, headers, body, head_only=self.method == "HEAD"
+            )
+            if head.status == 200 and self.tap is None and self.account is not None:
+                doc = _json_object(body)
+        else:
+            rest = self.tap.flush() if self.tap is not None else b""
+            self.client.end_stream(rest)
+            doc = self.tap.usage if self.tap is not None else None
+        self._done(str(head.status), doc)
+
+    def fail(self, error: BaseException) -> None:
+        proxy = self.proxy
+        if isinstance(error, TimeoutError):
+            proxy.upstream_errors["timeout"] += 1
+            _error(self.client, 504, "upstream timed out", "GatewayTimeout")
+            self._done("504", None)
+        elif isinstance(error, Broken):
+            proxy.upstream_errors["broken"] += 1  # upstream broke mid-response
+            proxy.log.warning("upstream response broken", error=str(error))
+            if self._whole is not None:  # nothing went to the client yet
+                _error(self.client, 502, "upstream response broken", "BadGateway")
+            else:
+                self.client.abort()  # the client must see the break, not a clean end
+            self._done("502", None)
+        else:
+            proxy.upstream_errors["connection"] += 1
+            proxy.log.warning("upstream unreachable", error=type(error).__name__)
+            _error(self.client, 502, "upstream unreachable", "BadGateway")
+            self._done("502", None)
+
+    # the client's side
+    def resume(self) -> None:
+        if self.exchange is not None:
+            self.exchange.resume()
+
+    def gone(self) -> None:
+        if self.exchange is not None:
+            self.exchange.abort()  # the upstream connection is dropped: vLLM aborts
+        self._done("499", None)
+
+    def _done(self, status: str, doc: dict[str, Any] | None) -> None:
+        if self.account is not None:
+            self.proxy._account(self.account, status, self.tap, doc or {})
+            self.account = None
 
 
-def _with_key(body: bytes, parsed: dict[str, Any], key: str, value: Any) -> bytes:
-    """`body` (the JSON object `parsed`) with `key` set. A new key is spliced in before the
-    closing brace: re-encoding a long agent prompt would cost more than the rest of the hop."""
+def _with_key(
+    body: bytes, parsed: dict[str, Any], key: str, value: Any, member: bytes | None = None
+) -> bytes:
+    """`body` (the JSON object `parsed`) with `key` set to `value`, or with `member` (the
+    ready-made '"key": value}') spliced in before the closing brace: re-encoding a long agent
+    prompt would cost more than the rest of the hop."""
     end = body.rstrip()
     if key in parsed or not end.endswith(b"}"):
+        value = json.loads(b"{" + member)[key] if member is not None else value
         return json.dumps({**parsed, key: value}).encode()
-    member = json.dumps({key: value}).encode()[1:]  # '"key": {...}}'
+    member = member or json.dumps({key: value}).encode()[1:]  # '"key": {...}}'
     return end[:-1] + (b"," if parsed else b"") + member
 
 
@@ -334,7 +298,9 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
+def _error(client: Client, status: int, message: str, kind: str) -> None:
     """OpenAI-shaped error, like vLLM's own."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.json_response(body, status=status)
+    reason = HTTPStatus(status).phrase
+    headers = [("Content-Type", "application/json"), date_header()]
+    client.respond(status, reason, headers, json.dumps(body).encode())

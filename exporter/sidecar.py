@@ -71,7 +71,7 @@ class Sidecar:
             self._tasks.append(asyncio.create_task(scraper.run(), name=state.target.name))
         await self._serve(web.AppRunner(self._metrics_app(), access_log=None), self.config.listen)
         if self.proxy is not None and self.config.proxy is not None:
-            await self._serve(self.proxy.runner(), self.config.proxy.listen)
+            await self.proxy.start()
             self._tasks.append(asyncio.create_task(self._tick(), name="accounting"))
 
     async def stop(self) -> None:
@@ -85,7 +85,7 @@ class Sidecar:
         if self._session is not None:
             await self._session.close()
         if self.proxy is not None:
-            self.proxy.close()
+            await self.proxy.stop()
 
     async def _serve(self, runner: web.BaseRunner, listen: tuple[str, int]) -> None:
         await runner.setup()

@@ -2,19 +2,21 @@
 
 Why not aiohttp's client: relaying an SSE stream through its StreamReader costs a task
 wake-up, a coroutine and a timer reschedule per event, and the proxy relays tens of events per
-request. Here each upstream read is de-framed in `data_received` and handed straight to a sink
-(the client's transport): one loop iteration per read, no task switch. The upstream is one
-known HTTP/1.1 server (vLLM's uvicorn), so the client needed is small: one request per
-connection at a time, Content-Length / chunked / until-close bodies, an idle timeout.
+request. Here a request is written from the caller's own callback when a pooled connection is
+free, and each upstream read is de-framed in `data_received` and handed straight to a
+`Receiver` (the proxy's call, which writes to the client): no task switch on the way in or out.
+The upstream is one known HTTP/1.1 server (vLLM's uvicorn), so the client needed is small:
+one request per connection at a time, Content-Length / chunked / until-close bodies, an idle
+timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 MAX_HEAD = 64 * 1024  # bytes of status line and headers
@@ -23,7 +25,7 @@ MAX_IDLE = 256  # idle connections kept
 
 
 class Broken(Exception):
-    """The upstream connection failed before the response ended."""
+    """The upstream connection failed after the response head."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,24 @@ class Head:
     def get(self, name: str) -> str | None:
         name = name.lower()
         return next((v for k, v in self.headers if k.lower() == name), None)
+
+
+class Receiver(Protocol):
+    """What an exchange reports to, from the connection's callbacks. After `end` or `fail`
+    nothing more comes; after the receiver's own `Exchange.abort`, nothing at all."""
+
+    def head(self, head: Head) -> None: ...
+
+    def data(self, data: bytes) -> bool:
+        """Body bytes (de-chunked); False pauses reading until `Exchange.resume`."""
+        ...
+
+    def end(self) -> None: ...
+
+    def fail(self, error: BaseException) -> None:
+        """Before the head: OSError (refused, or dropped without a response: a 502) or
+        TimeoutError (connect or head timed out: a 504). After it: Broken."""
+        ...
 
 
 class Upstream:
@@ -51,30 +71,32 @@ class Upstream:
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
 
-    async def request(
-        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
+    def send(
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+        receiver: Receiver,
     ) -> Exchange:
-        """Send the request and wait for the response head.
-
-        Raises OSError (connection refused or dropped before a response: 502), TimeoutError
-        (connect or head timed out: 504). A reused connection that the upstream closed while
+        """Send a request; its response goes to `receiver`. On a pooled connection the request
+        is written before this returns. A reused connection that the upstream closed while
         idle is retried once on a fresh one (nothing was processed on it)."""
         data = self._serialize(method, target, headers, body)
-        while True:
-            conn, reused = await self._acquire()
-            exchange = Exchange(conn, method, self.read_timeout)
-            conn.start(exchange, data)
-            try:
-                await exchange.head_received()
-            except Broken as exc:
-                exchange.close()
-                if reused and not exchange.received:
-                    continue
-                raise ConnectionResetError("upstream closed the connection") from exc
-            except BaseException:
-                exchange.close()
-                raise
-            return exchange
+        loop = asyncio.get_running_loop()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.usable(loop.time()):
+                assert conn.transport is not None
+                conn.transport.write(data)  # on its way before any bookkeeping
+                self._busy.add(conn)
+                exchange = Exchange(self, method, data, receiver)
+                exchange.attached(conn, reused=True)
+                return exchange
+            conn.close()
+        exchange = Exchange(self, method, data, receiver)
+        exchange.connect()
+        return exchange
 
     def close(self) -> None:
         for conn in (*self._idle, *self._busy):
@@ -91,20 +113,14 @@ class Upstream:
             lines.append(f"Content-Length: {len(body)}")
         return "\r\n".join(lines).encode("utf-8", "surrogateescape") + b"\r\n\r\n" + body
 
-    async def _acquire(self) -> tuple[_Connection, bool]:
+    async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        while self._idle:
-            conn = self._idle.pop()
-            if conn.usable(loop.time()):
-                self._busy.add(conn)
-                return conn, True
-            conn.close()
         async with asyncio.timeout(self.connect_timeout):
             _, conn = await loop.create_connection(
                 lambda: _Connection(self), self.host, self.port, ssl=self.ssl
             )
         self._busy.add(conn)
-        return conn, False
+        return conn
 
     def _release(self, conn: _Connection, reusable: bool) -> None:
         self._busy.discard(conn)
@@ -134,11 +150,6 @@ class _Connection(asyncio.Protocol):
             and now - self.idle_since < KEEPALIVE
         )
 
-    def start(self, exchange: Exchange, data: bytes) -> None:
-        assert self.transport is not None
-        self.exchange = exchange
-        self.transport.write(data)
-
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
@@ -166,98 +177,68 @@ class _Connection(asyncio.Protocol):
         self.pool._release(self, reusable and self.transport is not None)
 
 
-Sink = Callable[[bytes], bool]  # body bytes -> False to pause reading (back-pressure)
-
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
 class Exchange:
-    """One request's response: its head, then its body handed to a sink as it arrives."""
+    """One request and its response: the head, then the body, handed to the receiver as they
+    arrive. The read timeout is the longest silence allowed from upstream."""
 
-    def __init__(self, conn: _Connection, method: str, read_timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        self._conn = conn
+    def __init__(self, pool: Upstream, method: str, request: bytes, receiver: Receiver) -> None:
+        self._pool = pool
         self._method = method
-        self._loop = loop
-        self._timeout = read_timeout
-        self._last = loop.time()
-        self._timer = loop.call_at(self._last + read_timeout, self._check_idle)
-        self._head: asyncio.Future[Head] = loop.create_future()
-        self._waiter: asyncio.Future[bool] | None = None
+        self._request = request
+        self._receiver = receiver
+        self._loop = asyncio.get_running_loop()
+        self._conn: _Connection | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._reused = False
+        self._last = 0.0
         self._state = _HEAD
         self._buffer = b""
         self._left = 0  # body bytes left: Content-Length or the current chunk
         self._keep_alive = False
-        self._held: list[bytes] = []  # body before a sink was given
-        self._sink: Sink | None = None
+        self._new_head: Head | None = None  # parsed, not yet told
+        self._headed = False
         self._paused = False
-        self._error: BaseException | None = None
         self.received = 0  # bytes from upstream
 
     @property
     def complete(self) -> bool:
         return self._state == _DONE
 
-    @property
-    def head(self) -> Head:
-        return self._head.result()
+    def attach(self, conn: _Connection, reused: bool) -> None:
+        """Write the request on `conn`."""
+        assert conn.transport is not None
+        conn.transport.write(self._request)
+        self.attached(conn, reused)
 
-    async def head_received(self) -> Head:
-        return await self._head
+    def attached(self, conn: _Connection, reused: bool) -> None:
+        """The request was written on `conn`: its response is this exchange's."""
+        conn.exchange = self
+        self._conn = conn
+        self._reused = reused
+        self._last = self._loop.time()
+        self._timer = self._loop.call_at(self._last + self._pool.read_timeout, self._check_idle)
 
-    async def read(self) -> bytes:
-        """The whole body."""
-        parts: list[bytes] = []
-
-        def keep(data: bytes) -> bool:
-            parts.append(data)
-            return True
-
-        self.start(keep)
-        while not await self.relayed():
-            self.resume()
-        return b"".join(parts)
-
-    def start(self, sink: Sink) -> None:
-        """Hand body bytes to `sink` from now on (what arrived with the head first)."""
-        self._sink = sink
-        held, self._held = self._held, []
-        for data in held:
-            self._deliver(data)
-
-    async def relayed(self) -> bool:
-        """Wait until the body has all gone to the sink (True) or the sink asked for a pause
-        (False: drain the client, then resume()). Raises Broken or TimeoutError."""
-        if self._error is not None:
-            raise self._error
-        if self._state == _DONE:
-            return True
-        if self._paused:
-            return False
-        self._waiter = self._loop.create_future()
-        try:
-            return await self._waiter
-        finally:
-            self._waiter = None
+    def connect(self) -> None:
+        """Open a fresh connection for this request, in a task (the slow, rare path)."""
+        self._connecting = self._loop.create_task(self._connect())
 
     def resume(self) -> None:
-        if self._paused and self._conn.transport is not None:
+        if self._paused and self._conn is not None and self._conn.transport is not None:
             self._paused = False
             self._last = self._loop.time()
             self._conn.transport.resume_reading()
 
-    def abort(self, error: BaseException) -> None:
-        """Stop relaying (the client is gone): close the connection, so vLLM aborts."""
-        self._fail(error)
-
-    def close(self) -> None:
-        """Done with it: back to the pool if the response ended cleanly, else dropped."""
-        self._timer.cancel()
-        if self._state != _DONE:
-            self._state = _DONE
-            self._error = self._error or Broken("closed before the response ended")
-            self._conn.exchange = None
-            self._conn.close()
+    def abort(self) -> None:
+        """The receiver is done with it (its client is gone): drop the connection unless the
+        response already ended, so vLLM aborts the request. Nothing more is reported."""
+        if self._state == _DONE:
+            return
+        self._state = _DONE
+        self._stop()
 
     # ------------------------------------------------------------ the connection's side
 
@@ -269,9 +250,15 @@ class Exchange:
         except ValueError as exc:
             self._fail(Broken(f"malformed response: {exc}"))
             return
+        if (head := self._new_head) is not None:
+            self._new_head = None
+            self._headed = True
+            self._receiver.head(head)
+            if self._conn is None:
+                return  # aborted by the receiver
         if body:
             self._deliver(body)
-        if self._state == _DONE and self._error is None:
+        if self._state == _DONE and self._conn is not None:
             self._end()
 
     def lost(self) -> None:
@@ -284,47 +271,68 @@ class Exchange:
 
     # ------------------------------------------------------------ internals
 
+    async def _connect(self) -> None:
+        try:
+            conn = await self._pool._connect()
+        except (OSError, TimeoutError) as exc:
+            self._connecting = None
+            self._fail(exc)
+            return
+        self._connecting = None
+        self.attach(conn, reused=False)
+
     def _deliver(self, data: bytes) -> None:
-        if self._sink is None:
-            self._held.append(data)
-        elif not self._sink(data) and not self._paused and self._conn.transport is not None:
+        if self._receiver.data(data) or self._paused or self._conn is None:
+            return
+        if self._conn.transport is not None:  # the client is full: stop reading upstream
             self._paused = True
             self._conn.transport.pause_reading()
-            self._wake(False)
 
     def _end(self) -> None:
-        self._timer.cancel()
-        if self._paused:  # the connection goes back to the pool reading
-            self._paused = False
-            if self._conn.transport is not None:
-                self._conn.transport.resume_reading()
-        self._conn.finished(self._keep_alive and not self._buffer)
-        self._wake(True)
+        conn, self._conn = self._conn, None
+        if self._timer is not None:
+            self._timer.cancel()
+        assert conn is not None
+        if self._paused and conn.transport is not None:  # back to the pool reading
+            conn.transport.resume_reading()
+        conn.finished(self._keep_alive and not self._buffer)
+        self._receiver.end()
 
     def _fail(self, error: BaseException) -> None:
-        if self._error is None:
-            self._error = error
-        self._timer.cancel()
-        if not self._head.done():
-            self._head.set_exception(self._error)
+        if self._conn is None and self._connecting is None and self._state == _DONE:
+            return  # already ended, failed or aborted
+        retry = self._reused and not self.received and isinstance(error, Broken)
         self._state = _DONE
-        self._conn.exchange = None
-        self._conn.close()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(self._error)
+        self._stop()
+        if retry:  # the pooled connection was closed under us: once more on a fresh one
+            self._reused = False
+            self._state = _HEAD
+            self.connect()
+        elif self._headed:
+            self._receiver.fail(error if isinstance(error, Broken) else Broken(str(error)))
+        elif isinstance(error, Broken):
+            self._receiver.fail(ConnectionResetError(f"upstream: {error}"))
+        else:
+            self._receiver.fail(error)
 
-    def _wake(self, result: bool) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(result)
+    def _stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.exchange = None
+            conn.close()
 
     def _check_idle(self) -> None:
         """One timer per exchange, re-armed lazily: reads only stamp the time."""
         if self._paused:  # the client is slow, not the upstream
             self._last = self._loop.time()
-        deadline = self._last + self._timeout
+        deadline = self._last + self._pool.read_timeout
         if self._loop.time() >= deadline:
-            late = Broken("upstream read timed out") if self._head.done() else TimeoutError()
-            self._fail(late)
+            self._fail(Broken("upstream read timed out") if self._headed else TimeoutError())
         else:
             self._timer = self._loop.call_at(deadline, self._check_idle)
 
@@ -401,4 +409,4 @@ class Exchange:
             self._state = _LENGTH if self._left else _DONE
         else:
             self._state = _UNTIL_CLOSE
-        self._head.set_result(head)
+        self._new_head = head

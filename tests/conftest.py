@@ -8,7 +8,12 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-BOTH_LOOPS = {"test_proxy_transparency.py", "test_proxy_safety.py", "test_upstream.py"}
+BOTH_LOOPS = {
+    "test_proxy_transparency.py",
+    "test_proxy_safety.py",
+    "test_upstream.py",
+    "test_downstream.py",
+}
 
 
 def pytest_asyncio_loop_factories(

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.upstream import Broken, Exchange
+from tests.receiver import Gather
 
 SSE = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
 CHUNKED_BODY = b"".join(SSE)
@@ -58,6 +59,10 @@ class FakeTransport:
     def __init__(self) -> None:
         self.closed = False
         self.paused = False
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
 
     def is_closing(self) -> bool:
         return self.closed
@@ -88,26 +93,34 @@ class FakeConnection:
         self.released = reusable
 
 
+class FakePool:
+    read_timeout = 60.0
+
+
+def exchange_on(method: str, receiver: Gather) -> tuple[Exchange, FakeConnection]:
+    conn = FakeConnection()
+    exchange = Exchange(FakePool(), method, b"request", receiver)  # type: ignore[arg-type]
+    exchange.attach(conn, reused=False)  # type: ignore[arg-type]
+    assert conn.transport.written == b"request"
+    return exchange, conn
+
+
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
     return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
 
 
-def run(method: str, pieces: list[bytes], close_at_end: bool) -> tuple[Exchange, bytes, Any]:
-    async def go() -> tuple[Exchange, bytes, Any]:
-        conn = FakeConnection()
-        exchange = Exchange(conn, method, read_timeout=60)  # type: ignore[arg-type]
-        conn.exchange = exchange
-        received: list[bytes] = []
-        exchange.start(lambda data: received.append(data) is None)
+def run(method: str, pieces: list[bytes], close_at_end: bool) -> tuple[Gather, FakeConnection]:
+    async def go() -> tuple[Gather, FakeConnection]:
+        receiver = Gather()
+        exchange, conn = exchange_on(method, receiver)
         for piece in pieces:
             if conn.exchange is None:
                 break
             exchange.feed(piece)
         if close_at_end and conn.exchange is not None:
             exchange.lost()
-        exchange.close()
-        return exchange, b"".join(received), conn
+        return receiver, conn
 
     return asyncio.run(go())
 
@@ -117,10 +130,10 @@ def run(method: str, pieces: list[bytes], close_at_end: bool) -> tuple[Exchange,
 @settings(max_examples=60, deadline=None)
 def test_any_read_boundaries_give_the_body_and_its_end(name: str, cuts: list[int]) -> None:
     method, raw, body, reusable = RESPONSES[name]
-    exchange, received, conn = run(method, split(raw, cuts), close_at_end=not reusable)
-    assert received == body
-    assert exchange.complete
-    assert exchange.head.status in (200, 204)
+    receiver, conn = run(method, split(raw, cuts), close_at_end=not reusable)
+    assert receiver.ended.done() and receiver.error is None
+    assert receiver.body == body
+    assert receiver.got is not None and receiver.got.status in (200, 204)
     assert conn.released is reusable  # keep-alive only when the response allows it
 
 
@@ -137,35 +150,43 @@ def test_any_read_boundaries_give_the_body_and_its_end(name: str, cuts: list[int
 )
 def test_a_malformed_or_truncated_response_fails_and_drops_the_connection(raw: bytes) -> None:
     async def go() -> None:
-        conn = FakeConnection()
-        exchange = Exchange(conn, "GET", read_timeout=60)  # type: ignore[arg-type]
-        conn.exchange = exchange
-        exchange.start(lambda data: True)
+        receiver = Gather()
+        exchange, conn = exchange_on("GET", receiver)
         exchange.feed(raw)
         if conn.exchange is not None:
             exchange.lost()
-        with pytest.raises(Broken):
-            exchange.head  # noqa: B018 (a malformed head has no result)
-            await exchange.relayed()
+        # before the head a failure is the upstream's (a 502), after it a broken response
+        with pytest.raises(Broken if receiver.got is not None else ConnectionResetError):
+            await receiver.response()
         assert conn.transport.closed and conn.released is None
 
     asyncio.run(go())
 
 
-def test_a_sink_that_is_full_pauses_reading_until_resumed() -> None:
+def test_a_receiver_that_is_full_pauses_reading_until_resumed() -> None:
     async def go() -> None:
-        conn = FakeConnection()
-        exchange = Exchange(conn, "GET", read_timeout=60)  # type: ignore[arg-type]
-        conn.exchange = exchange
+        receiver = Gather(full=True)
+        exchange, conn = exchange_on("GET", receiver)
         exchange.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        exchange.start(lambda data: False)  # always full
         exchange.feed(b"3\r\nabc\r\n")
-        assert conn.transport.paused
-        assert await exchange.relayed() is False
+        assert conn.transport.paused and receiver.body == b"abc"
         exchange.resume()
         assert not conn.transport.paused
         exchange.feed(b"0\r\n\r\n")
-        assert await exchange.relayed() is True
+        await receiver.response()
         assert conn.released is True and not conn.transport.paused
+
+    asyncio.run(go())
+
+
+def test_an_aborted_exchange_drops_its_connection_and_reports_nothing() -> None:
+    async def go() -> None:
+        receiver = Gather()
+        exchange, conn = exchange_on("POST", receiver)
+        exchange.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        exchange.abort()  # the client hung up
+        assert conn.transport.closed and conn.exchange is None and conn.released is None
+        exchange.lost()
+        assert not receiver.ended.done()
 
     asyncio.run(go())

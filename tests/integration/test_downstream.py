@@ -1,0 +1,157 @@
+"""The proxy's client side on raw sockets: what HTTP/1.1 clients may send besides one plain
+request per connection (pipelining, 100-continue, chunked and compressed bodies, HTTP/1.0,
+upgrades, garbage) and the idle timeout. The upstream echoes what it received."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from exporter import downstream
+from tests.rig import sidecar
+from tests.scripted import ok, scripted
+
+SSE = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+
+
+async def echo(request: bytes, writer: asyncio.StreamWriter) -> bool:
+    """The request line, headers and body as the upstream got them; /stream answers chunked."""
+    if b" /stream " in request.split(b"\r\n", 1)[0]:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(SSE), SSE))
+    else:
+        writer.write(ok(request))
+    return True
+
+
+@asynccontextmanager
+async def proxy_port() -> AsyncIterator[int]:
+    async with scripted(echo) as (url, _), sidecar(url) as (_, proxy, _):
+        yield int(proxy.rsplit(":", 1)[1])
+
+
+async def response(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    """One response: status line, headers (lower-cased names), body by its framing."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    status, *lines = head[:-4].decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int(await reader.readuntil(b"\r\n"), 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+        await reader.readexactly(2)
+    else:
+        body = await asyncio.wait_for(reader.read(), 10)  # until the connection closes
+    return status.encode(), headers, body
+
+
+async def exchange(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    return reader, writer
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with proxy_port() as port:
+        reader, writer = await exchange(
+            port,
+            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nxyz"
+            b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        bodies = [(await response(reader))[2] for _ in range(3)]
+        writer.close()
+    assert [b.split(b" ")[1] for b in bodies] == [b"/a", b"/b", b"/c"]
+    assert bodies[1].endswith(b"\r\n\r\nxyz")
+
+
+async def test_expect_100_continue_then_the_body() -> None:
+    async with proxy_port() as port:
+        reader, writer = await exchange(
+            port,
+            b"POST /v1/x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+        )
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        status, _, body = await response(reader)
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 200")
+    assert body.endswith(b"\r\n\r\nhello") and b"expect" not in body.lower()
+
+
+async def test_chunked_and_compressed_bodies_reach_upstream_as_sent() -> None:
+    packed = gzip.compress(b'{"prompt": "hello"}')
+    async with proxy_port() as port:
+        reader, writer = await exchange(
+            port,
+            b"POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+            b"POST /v1/y HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (len(packed), packed),
+        )
+        _, _, chunked = await response(reader)
+        _, _, compressed = await response(reader)
+        writer.close()
+    assert b"Content-Length: 11\r\n\r\nhello world" in chunked  # de-chunked, length-framed
+    assert b"Content-Encoding: gzip" in compressed and compressed.endswith(packed)
+
+
+async def test_an_http_10_client_gets_a_streamed_body_until_the_connection_closes() -> None:
+    async with proxy_port() as port:
+        reader, writer = await exchange(port, b"GET /stream HTTP/1.0\r\n\r\n")
+        status, headers, body = await response(reader)
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 200")
+    assert "transfer-encoding" not in headers and headers["connection"] == "close"
+    assert body == SSE
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 10_000 + b"\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+)
+async def test_malformed_requests_get_a_400_and_the_connection_closes(garbage: bytes) -> None:
+    async with proxy_port() as port:
+        reader, writer = await exchange(port, garbage)
+        status, headers, body = await response(reader)
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed after it
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 400") and headers["connection"] == "close"
+    assert json.loads(body)["error"]["type"] == "BadRequestError"
+
+
+async def test_an_upgrade_is_answered_as_a_plain_request_then_the_connection_closes() -> None:
+    async with proxy_port() as port:
+        reader, writer = await exchange(
+            port,
+            b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+            b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\nframes",
+        )
+        status, headers, body = await response(reader)
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 200") and headers["connection"] == "close"
+    assert b"upgrade" not in body.lower() and b"frames" not in body
+
+
+async def test_an_idle_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(downstream, "KEEPALIVE", 0.2)
+    async with proxy_port() as port:
+        reader, writer = await exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        await response(reader)
+        writer.write(b"GET /b HTTP/1.1\r\n")  # a head that never completes counts as idle
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
