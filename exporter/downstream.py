@@ -139,8 +139,8 @@ class Client(asyncio.Protocol):
         self._timer = self._loop.call_at(self._last + KEEPALIVE, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
-        if self._upgraded:
-            return  # bytes after an upgrade request belong to a protocol we do not speak
+        if self._upgraded or not self._open():
+            return  # after an upgrade request: a protocol we do not speak; or we are closing
         if self._quick and not self._busy:  # one request at a time: the common case
             buffer = self._raw + data if self._raw else data
             got = quick(buffer)
@@ -211,7 +211,7 @@ class Client(asyncio.Protocol):
             return  # re-entered from a call answered at once: the loop below goes on
         self._running = True
         try:
-            while not self._busy and self._waiting and self._transport is not None:
+            while not self._busy and self._waiting and self._open():
                 message, payload = self._waiting[0]
                 if max(_declared(message), payload.total_bytes) > self.max_body:
                     self._too_large()
@@ -252,6 +252,9 @@ class Client(asyncio.Protocol):
             self._transport.close()
         elif not self._running:
             self._next()
+
+    def _open(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
 
     def _flow(self) -> None:
         """Pipelined requests wait unread while one is answered (memory stays bounded)."""

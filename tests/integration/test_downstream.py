@@ -14,7 +14,7 @@ import pytest
 
 from exporter import downstream
 from tests.rig import sidecar
-from tests.scripted import ok, scripted
+from tests.scripted import Respond, ok, scripted
 
 SSE = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
 
@@ -30,8 +30,8 @@ async def echo(request: bytes, writer: asyncio.StreamWriter) -> bool:
 
 
 @asynccontextmanager
-async def proxy_port() -> AsyncIterator[int]:
-    async with scripted(echo) as (url, _), sidecar(url) as (_, proxy, _):
+async def proxy_port(respond: Respond = echo) -> AsyncIterator[int]:
+    async with scripted(respond) as (url, _), sidecar(url) as (_, proxy, _):
         yield int(proxy.rsplit(":", 1)[1])
 
 
@@ -56,6 +56,15 @@ async def exchange(port: int, data: bytes) -> tuple[asyncio.StreamReader, asynci
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(data)
     return reader, writer
+
+
+async def answered_then_closed(port: int, data: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """The one response to `data`, after which the proxy must have closed the connection."""
+    reader, writer = await exchange(port, data)
+    got = await response(reader)
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
+    return got
 
 
 async def test_pipelined_requests_are_answered_in_order() -> None:
@@ -125,24 +134,18 @@ async def test_an_http_10_client_gets_a_streamed_body_until_the_connection_close
 )
 async def test_malformed_requests_get_a_400_and_the_connection_closes(garbage: bytes) -> None:
     async with proxy_port() as port:
-        reader, writer = await exchange(port, garbage)
-        status, headers, body = await response(reader)
-        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed after it
-        writer.close()
+        status, headers, body = await answered_then_closed(port, garbage)
     assert status.startswith(b"HTTP/1.1 400") and headers["connection"] == "close"
     assert json.loads(body)["error"]["type"] == "BadRequestError"
 
 
 async def test_an_upgrade_is_answered_as_a_plain_request_then_the_connection_closes() -> None:
     async with proxy_port() as port:
-        reader, writer = await exchange(
+        status, headers, body = await answered_then_closed(
             port,
             b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
             b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\nframes",
         )
-        status, headers, body = await response(reader)
-        assert await asyncio.wait_for(reader.read(), 10) == b""
-        writer.close()
     assert status.startswith(b"HTTP/1.1 200") and headers["connection"] == "close"
     assert b"upgrade" not in body.lower() and b"frames" not in body
 
@@ -155,3 +158,20 @@ async def test_an_idle_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> 
         writer.write(b"GET /b HTTP/1.1\r\n")  # a head that never completes counts as idle
         assert await asyncio.wait_for(reader.read(), 10) == b""
         writer.close()
+
+
+async def test_nothing_after_a_request_that_closes_the_connection_is_forwarded() -> None:
+    forwarded: list[bytes] = []
+
+    async def recording(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        forwarded.append(request.split(b" ", 2)[1])
+        return await echo(request, writer)
+
+    async with proxy_port(recording) as port:
+        status, headers, _ = await answered_then_closed(
+            port,
+            b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+    assert status.startswith(b"HTTP/1.1 200") and headers["connection"] == "close"
+    assert b"/a" in forwarded and b"/b" not in forwarded
