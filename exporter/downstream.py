@@ -57,7 +57,6 @@ class Client(asyncio.Protocol):
         self.max_body = max_body
         self._closed = closed
         self.paused = False  # the client reads slower than we write
-        self.closing = False
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = HttpRequestParser(  # bodies pass through as sent: no decompression

@@ -191,23 +191,17 @@ class _Call:
         self.account: tuple[str, float, bool] | None = None  # route, start, single choice
         self._whole: list[bytes] | None = None  # a Content-Length body, collected
         self._head: Head | None = None
+        self._headers: list[tuple[str, str]] = []  # the head's end-to-end fields
 
     # the upstream's side
     def head(self, head: Head) -> None:
         self._head = head
-        headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
-        if (
-            head.get("Content-Length") is not None
-            or self.method == "HEAD"
-            or head.status
-            in (
-                204,
-                304,
-            )
-        ):
+        self._headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
+        whole = head.get("Content-Length") is not None or head.status in (204, 304)
+        if whole or self.method == "HEAD":
             self._whole = []
         else:
-            self.client.start_stream(head.status, head.reason, headers)
+            self.client.start_stream(head.status, head.reason, self._headers)
 
     def data(self, data: bytes) -> bool:
         if self._whole is not None:
@@ -225,7 +219,7 @@ class _Call:
         doc: dict[str, Any] | None = None
         if self._whole is not None:
             body = b"".join(self._whole)
-            headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
+            headers = self._headers
             length = head.get("Content-Length")
             if self.method == "HEAD" and length is not None:  # what a GET would have sent
                 headers.append(("Content-Length", length))

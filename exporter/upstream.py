@@ -204,10 +204,6 @@ class Exchange:
         self._paused = False
         self.received = 0  # bytes from upstream
 
-    @property
-    def complete(self) -> bool:
-        return self._state == _DONE
-
     def attach(self, conn: _Connection, reused: bool) -> None:
         """Write the request on `conn`."""
         assert conn.transport is not None
