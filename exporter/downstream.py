@@ -70,7 +70,8 @@ class Client(asyncio.Protocol):
         self._close_after = False
         self._upgraded = False
         self._quick = True  # until llhttp has seen bytes of this connection
-        self._raw = b""  # a request `quick` has not got whole yet
+        self._raw = bytearray()  # a request `quick` has not got whole yet
+        self._need = 0  # bytes of it needed: its head and Content-Length, once known
         self._version = (1, 1)
         self._pending_head: bytes | None = None  # a streamed response's head, until bytes come
         self._chunked = False
@@ -141,26 +142,31 @@ class Client(asyncio.Protocol):
         if self._upgraded or not self._open():
             return  # after an upgrade request: a protocol we do not speak; or we are closing
         if self._quick and not self._busy:  # one request at a time: the common case
-            buffer = self._raw + data if self._raw else data
-            got = quick(buffer)
+            raw = self._raw
+            raw += data  # a bytearray: a long body in many reads is not copied over and over
+            if len(raw) < self._need:
+                return  # the body is on its way: the head was parsed already
+            got = quick(raw)
             if got == MORE:
-                self._raw = buffer
                 return
-            self._raw = b""
             if isinstance(got, tuple):
                 request, start, length = got
                 if length > self.max_body:
+                    raw.clear()
                     self._too_large()
                     return
-                if len(buffer) < start + length:
-                    self._raw = buffer  # the body is on its way
+                if len(raw) < start + length:
+                    self._need = start + length
                     return
-                self._start(request, buffer[start : start + length])
-                data = buffer[start + length :]  # pipelined requests: llhttp's from here
+                body, data = bytes(raw[start : start + length]), bytes(raw[start + length :])
+                raw.clear()
+                self._need = 0
+                self._start(request, body)
                 if not data:
-                    return
+                    return  # else: pipelined requests, llhttp's from here
             else:
-                data = buffer
+                data = bytes(raw)
+                raw.clear()
             self._quick = False  # llhttp has seen bytes: it keeps the connection
         try:
             messages, upgraded, _ = self._parser.feed_data(data)

@@ -61,7 +61,7 @@ def from_message(message: RawRequestMessage) -> Request:
     )
 
 
-def quick(buffer: bytes) -> tuple[Request, int, int] | str | None:
+def quick(buffer: bytes | bytearray) -> tuple[Request, int, int] | str | None:
     """(request, where its body starts, Content-Length); MORE; or None: for llhttp.
     Plain bytes methods, not a regex per field: on a cold cache each one costs."""
     end = buffer.find(b"\r\n\r\n", 0, HEAD_LIMIT)

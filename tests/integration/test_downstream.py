@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from exporter import downstream
+from exporter.request import quick
 from tests.rig import sidecar
 from tests.scripted import Respond, ok, scripted
 
@@ -175,3 +176,29 @@ async def test_nothing_after_a_request_that_closes_the_connection_is_forwarded()
         )
     assert status.startswith(b"HTTP/1.1 200") and headers["connection"] == "close"
     assert b"/a" in forwarded and b"/b" not in forwarded
+
+
+async def test_a_long_body_in_many_reads_is_parsed_once_and_arrives_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its head is parsed once more when the body is complete, not at every read (a 16 MiB
+    body in 64 KiB reads, re-parsed and re-copied each time, held the loop for ~2 s)."""
+    calls = []
+
+    def counting(buffer: bytes | bytearray) -> object:
+        calls.append(len(buffer))
+        return quick(buffer)
+
+    monkeypatch.setattr(downstream, "quick", counting)
+    body = bytes(range(256)) * 16384  # 4 MiB
+    async with proxy_port() as port:
+        reader, writer = await exchange(
+            port, b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        for i in range(0, len(body), 4096):
+            writer.write(body[i : i + 4096])
+            await writer.drain()
+        _, _, echoed = await response(reader)
+        writer.close()
+    assert echoed.endswith(b"\r\n\r\n" + body)
+    assert len(calls) <= 3, f"the head was parsed {len(calls)} times"
