@@ -60,7 +60,7 @@ class Client(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = HttpRequestParser(  # bodies pass through as sent: no decompression
-            cast(BaseProtocol, self), self._loop, 2**16, max_headers=128, auto_decompress=False
+            cast(BaseProtocol, self), self._loop, 2**16, auto_decompress=False
         )
         self._waiting: deque[tuple[RawRequestMessage, StreamReader]] = deque()
         self._call: Call | None = None

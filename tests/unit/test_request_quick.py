@@ -31,7 +31,7 @@ LOOP = asyncio.new_event_loop()
 
 
 def llhttp(raw: bytes) -> list[tuple[Any, bytes]] | None:
-    parser = HttpRequestParser(Stub(), LOOP, 2**16, max_headers=128, auto_decompress=False)  # type: ignore[arg-type]
+    parser = HttpRequestParser(Stub(), LOOP, 2**16, auto_decompress=False)  # type: ignore[arg-type]
     try:
         messages, _, _ = parser.feed_data(raw)
     except HttpProcessingError:
