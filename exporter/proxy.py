@@ -135,7 +135,7 @@ class Proxy:
         # directly, it must not get through the proxy
         strip = (not usage, want_continuous and not (usage and continuous))
         if "stream_options" not in parsed:  # the common case: the member is ready-made
-            body = _with_key(body, parsed, "stream_options", None, _INJECTED[want_continuous])
+            body = _splice(body, parsed, _INJECTED[want_continuous])
         elif not usage or want_continuous != continuous:
             options |= {"include_usage": True, "continuous_usage_stats": want_continuous}
             body = _with_key(body, parsed, "stream_options", options)
@@ -270,18 +270,18 @@ class _Call:
             self.account = None
 
 
-def _with_key(
-    body: bytes, parsed: dict[str, Any], key: str, value: Any, member: bytes | None = None
-) -> bytes:
-    """`body` (the JSON object `parsed`) with `key` set to `value`, or with `member` (the
-    ready-made '"key": value}') spliced in before the closing brace: re-encoding a long agent
-    prompt would cost more than the rest of the hop."""
-    end = body.rstrip()
-    if key in parsed or not end.endswith(b"}"):
-        value = json.loads(b"{" + member)[key] if member is not None else value
+def _with_key(body: bytes, parsed: dict[str, Any], key: str, value: Any) -> bytes:
+    """`body` (the JSON object `parsed`) with `key` set to `value`."""
+    if key in parsed:
         return json.dumps({**parsed, key: value}).encode()
-    member = member or json.dumps({key: value}).encode()[1:]  # '"key": {...}}'
-    return end[:-1] + (b"," if parsed else b"") + member
+    return _splice(body, parsed, json.dumps({key: value}).encode()[1:])  # '"key": {...}}'
+
+
+def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
+    """A new member ('"key": value}') before the closing brace of `body`, a JSON object
+    (`parsed`) and so ending in "}": re-encoding a long agent prompt would cost more than the
+    rest of the hop."""
+    return body.rstrip()[:-1] + (b"," if parsed else b"") + member
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
