@@ -115,7 +115,8 @@ class Proxy:
         call.exchange = self.upstream.send(method, target, headers, body, call)
         # the rest can wait until the request is on its way: no response byte comes before
         if strip is not None:
-            call.tap = StreamTap(*strip)
+            key = b'"content":"' if match.path == COMPLETIONS[0] else b'"text":"'
+            call.tap = StreamTap(*strip, content_key=key)
         if completion and parsed is not None:  # accounted when it ends
             call.account = (match.route, started, (parsed.get("n") or 1) == 1)
         return call

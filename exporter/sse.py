@@ -23,9 +23,9 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 class StreamTap:
     strip_usage_event: bool = False  # the proxy added include_usage
     strip_usage_fields: bool = False  # the proxy added continuous_usage_stats
+    content_key: bytes = b'"content":"'  # b'"text":"' for /v1/completions
     first_content_at: float | None = None
     last_content_at: float | None = None
-    content_events: int = 0
     usage: dict[str, Any] | None = None  # the final usage event, decoded
     increments: list[int] = field(default_factory=list)  # tokens per content event
     _pending: bytes = b""
@@ -41,7 +41,7 @@ class StreamTap:
             return b""
         self._pending = buffer[end + 2 :]
         complete = buffer[: end + 2]
-        if complete.count(b"\n\n") == 1:
+        if complete.find(b"\n", 0, end) == -1:  # one single-line event (memchr, not a scan)
             return self._event(complete)
         return b"".join(self._event(e + b"\n\n") for e in complete[:-2].split(b"\n\n"))
 
@@ -52,7 +52,15 @@ class StreamTap:
         return b"".join(held) + rest
 
     def _event(self, event: bytes) -> bytes:
-        if b'"choices":[]' in event and b'"usage"' in event:
+        # One scan for the common event, a token: vLLM writes the content before the
+        # finish reason, and a JSON string cannot hold the key pattern unescaped.
+        at = event.find(self.content_key)
+        if at != -1 and event[at + len(self.content_key)] != 0x22:  # '"': not an empty string
+            now = time.perf_counter()
+            if self.first_content_at is None:
+                self.first_content_at = now
+            self.last_content_at = now
+        elif b'"choices":[]' in event and b'"usage"' in event:
             self.usage = _decode(event)
             if not self.strip_usage_event:
                 return event
@@ -60,17 +68,10 @@ class StreamTap:
             fingerprint = (self.usage or {}).get("system_fingerprint")
             held, self._held = self._held, []
             return b"".join(_stamp(e, fingerprint) for e in held)
+        start = max(at, 0)  # where the finish reason may begin
         if self.strip_usage_fields:
-            event = self._strip_usage_field(event)
-        if (b'"content":"' in event or b'"text":"' in event) and not (
-            b'"content":""' in event or b'"text":""' in event
-        ):
-            now = time.perf_counter()
-            if self.first_content_at is None:
-                self.first_content_at = now
-            self.last_content_at = now
-            self.content_events += 1
-        if self.strip_usage_event and b'"finish_reason":"' in event:
+            event, start = self._strip_usage_field(event), 0
+        if self.strip_usage_event and event.find(b'"finish_reason":"', start) != -1:
             self._held.append(event)  # until the usage event tells its fingerprint
             return b""
         return event

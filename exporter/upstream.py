@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 MAX_HEAD = 64 * 1024  # bytes of status line and headers
 KEEPALIVE = 4.0  # s: reuse an idle connection only this long; uvicorn closes them after 5 s
 MAX_IDLE = 256  # idle connections kept
+_HEX = b"0123456789abcdefABCDEF"
 
 
 class Broken(Exception):
@@ -32,11 +33,11 @@ class Broken(Exception):
 class Head:
     status: int
     reason: str
-    headers: list[tuple[str, str]]
+    headers: list[tuple[str, str]]  # as sent
+    fields: dict[str, str]  # lower-case name -> its first value
 
     def get(self, name: str) -> str | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
+        return self.fields.get(name.lower())
 
 
 class Receiver(Protocol):
@@ -252,8 +253,8 @@ class Exchange:
             self._receiver.head(head)
             if self._conn is None:
                 return  # aborted by the receiver
-        if body:
-            self._deliver(body)
+        if body and not self._receiver.data(body):
+            self._pause()  # the client is full: stop reading upstream
         if self._state == _DONE and self._conn is not None:
             self._end()
 
@@ -277,10 +278,8 @@ class Exchange:
         self._connecting = None
         self.attach(conn, reused=False)
 
-    def _deliver(self, data: bytes) -> None:
-        if self._receiver.data(data) or self._paused or self._conn is None:
-            return
-        if self._conn.transport is not None:  # the client is full: stop reading upstream
+    def _pause(self) -> None:
+        if not self._paused and self._conn is not None and self._conn.transport is not None:
             self._paused = True
             self._conn.transport.pause_reading()
 
@@ -334,6 +333,13 @@ class Exchange:
 
     def _parse(self, data: bytes) -> bytes:
         """Consume `data`; return the body bytes it completes (de-chunked)."""
+        if self._state == _CHUNK_SIZE and not self._buffer:
+            # the common read of a stream: one whole chunk, as vLLM writes one SSE event
+            line = data.find(b"\r\n", 0, 18)
+            if line > 0:
+                size = _chunk_size(data[:line])
+                if size and len(data) == line + size + 4 and data.endswith(b"\r\n"):
+                    return data[line + 2 : -2]
         buffer = self._buffer + data if self._buffer else data
         out: list[bytes] = []
         pos = 0
@@ -361,7 +367,7 @@ class Exchange:
                     self._on_head(buffer[pos:end])
                     pos = end + 4
                 elif state == _CHUNK_SIZE:
-                    self._left = int(buffer[pos:end].split(b";", 1)[0], 16)
+                    self._left = _chunk_size(buffer[pos:end])
                     self._state = _CHUNK_DATA if self._left else _TRAILER
                     pos = end + 2
                 elif state == _CHUNK_END:
@@ -383,12 +389,15 @@ class Exchange:
             raise ValueError(f"bad status line {lines[0][:80]!r}")
         status = int(code)
         headers = []
+        fields: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep or not name or name != name.strip():
                 raise ValueError(f"bad header line {line[:80]!r}")
-            headers.append((name, value.strip()))
-        head = Head(status, reason, headers)
+            value = value.strip()
+            headers.append((name, value))
+            fields.setdefault(name.lower(), value)
+        head = Head(status, reason, headers, fields)
         if status < 200:
             return  # interim (103 Early Hints): the real head follows
         connection = (head.get("connection") or "").lower()
@@ -406,3 +415,11 @@ class Exchange:
         else:
             self._state = _UNTIL_CLOSE
         self._new_head = head
+
+
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size: hex digits only (int() would also take a sign, 0x, _)."""
+    size = line.split(b";", 1)[0].rstrip(b" \t")
+    if not size or size.strip(_HEX):
+        raise ValueError(f"bad chunk size {line[:20]!r}")
+    return int(size, 16)

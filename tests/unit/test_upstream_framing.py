@@ -137,10 +137,25 @@ def test_any_read_boundaries_give_the_body_and_its_end(name: str, cuts: list[int
     assert conn.released is reusable  # keep-alive only when the response allows it
 
 
+def test_a_read_of_one_whole_chunk_is_passed_on_as_one_piece() -> None:
+    """The common read of a stream (one chunk, one SSE event) takes the short way."""
+    chunks = [b"%x\r\n%b\r\n" % (len(e), e) for e in SSE]
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    receiver, conn = run("POST", [head, *chunks, b"0\r\n\r\n"], close_at_end=False)
+    assert receiver.parts == SSE and receiver.ended.done() and conn.released is True
+
+
 @pytest.mark.parametrize(
     "raw",
     [
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # chunk size not hex
+        # sizes Python's int() would take: a sign, a prefix, blanks, an underscore; as a
+        # whole chunk in one read (the fast path) and as a chunk that is not whole
+        *(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%b\r\nabc\r\n%b" % (size, rest)
+            for size in (b"-3", b"+3", b"0x3", b" 3", b"0_3")
+            for rest in (b"", b"0\r\n\r\n")
+        ),
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n",  # chunk overrun
         b"SPDY/3 200 OK\r\n\r\n",  # not HTTP/1.x
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
@@ -152,7 +167,10 @@ def test_a_malformed_or_truncated_response_fails_and_drops_the_connection(raw: b
     async def go() -> None:
         receiver = Gather()
         exchange, conn = exchange_on("GET", receiver)
-        exchange.feed(raw)
+        head, sep, rest = raw.partition(b"\r\n\r\n")
+        exchange.feed(head + sep)  # then the body in a read of its own, as vLLM writes it
+        if rest and conn.exchange is not None:
+            exchange.feed(rest)
         if conn.exchange is not None:
             exchange.lost()
         # before the head a failure is the upstream's (a 502), after it a broken response

@@ -1,0 +1,107 @@
+"""The SSE tap: whatever the read boundaries, the client gets the events vLLM sent less what
+the proxy injected, the first content token is found, and only the usage event is decoded."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.sse import StreamTap
+
+FINGERPRINT = "fp-1"
+
+
+def event(doc: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+
+def chat(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return event({"id": "c1", "object": "chat.completion.chunk", "choices": [choice], **extra})
+
+
+def text(piece: str, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}
+    return event({"id": "c1", "object": "text_completion", "choices": [choice]})
+
+
+USAGE = event(
+    {
+        "id": "c1",
+        "choices": [],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+        "system_fingerprint": FINGERPRINT,
+    }
+)
+DONE = b"data: [DONE]\n\n"
+CHAT = [
+    chat({"role": "assistant", "content": ""}),
+    chat({"reasoning_content": "hmm"}),  # not content: TTFT counts the answer's first token
+    chat({"content": 'say "finish_reason":"stop"'}),  # escaped in JSON: not a finish
+    chat({"content": "!"}),
+    chat({"content": ""}, finish="stop"),
+]
+COMPLETION = [text("Once"), text(" upon"), text("", finish="length")]
+
+
+def stamped(finish_event: bytes) -> bytes:
+    return finish_event[:-3] + b',"system_fingerprint":"' + FINGERPRINT.encode() + b'"}\n\n'
+
+
+def feed(tap: StreamTap, stream: bytes, cuts: list[int]) -> bytes:
+    bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    out = b"".join(tap.feed(stream[a:b]) for a, b in itertools.pairwise(bounds))
+    return out + tap.flush()
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0), max_size=12))
+def test_injected_usage_is_removed_at_any_read_boundaries(cuts: list[int]) -> None:
+    tap = StreamTap(strip_usage_event=True)
+    out = feed(tap, b"".join([*CHAT, USAGE, DONE]), cuts)
+    assert out == b"".join([*CHAT[:-1], stamped(CHAT[-1]), DONE])
+    assert tap.usage is not None and tap.usage["usage"]["completion_tokens"] == 4
+    assert tap.first_content_at is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0), max_size=12))
+def test_a_usage_event_the_client_asked_for_passes_unchanged(cuts: list[int]) -> None:
+    stream = b"".join([*CHAT, USAGE, DONE])
+    tap = StreamTap()
+    assert feed(tap, stream, cuts) == stream
+    assert tap.usage is not None
+
+
+def test_the_first_content_token_is_the_first_non_empty_content() -> None:
+    for stream, key, first in ((CHAT, b'"content":"', 2), (COMPLETION, b'"text":"', 0)):
+        tap = StreamTap(content_key=key)
+        seen = []
+        for e in stream:
+            tap.feed(e)
+            seen.append(tap.first_content_at is not None)
+        assert seen == [i >= first for i in range(len(stream))]
+        last = tap.last_content_at
+        tap.feed(stream[-1])  # a finish event with no content moves nothing
+        assert tap.last_content_at == last
+
+
+def test_injected_usage_fields_are_removed_and_their_increments_kept() -> None:
+    events = [
+        chat({"content": "a"}, usage={"prompt_tokens": 3, "completion_tokens": 1}),
+        chat({"content": "bcd"}, usage={"prompt_tokens": 3, "completion_tokens": 4}),
+    ]
+    tap = StreamTap(strip_usage_fields=True)
+    out = b"".join(tap.feed(e) for e in events)
+    assert out == chat({"content": "a"}) + chat({"content": "bcd"})
+    assert tap.increments == [1, 3]
+
+
+def test_a_truncated_stream_passes_through_as_it_came() -> None:
+    tap = StreamTap(strip_usage_event=True)
+    cut = CHAT[3][:-5]
+    assert tap.feed(CHAT[3]) + tap.feed(cut) + tap.flush() == CHAT[3] + cut
