@@ -24,7 +24,11 @@ Nothing is pinned: on a 2-core machine the load generator, the simulator and the
 the cores, as they would on a small host; that contention is part of what c=64 measures. Load
 from outside the benchmark is measured per segment ("other": /proc/stat busy time less the
 benchmark's own processes); when some rounds were not quiet, the goals are judged again on the
-quiet rounds only. Results and their reading: bench/results_proxy.md.
+quiet rounds only. At c=64 a sampler also records how often the simulator shared its CPU
+with another runnable process of the benchmark ("crowded"): the scheduler sometimes packs the
+simulator and the process it talks to onto one CPU for seconds while the other is half idle, and
+such a round is slow for reasons that are not the proxy's cost (reported per round, not used to
+judge). Results and their reading: bench/results_proxy.md.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -222,6 +227,39 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return kib["VmRSS"] / 1024, kib["VmHWM"] / 1024
 
 
+class Crowding(threading.Thread):
+    """How often the simulator, wanting a CPU, shared its CPU with another of the benchmark's
+    processes that wanted one too (both runnable, same CPU: /proc/PID/stat fields 3 and 39).
+    On 2 cores the scheduler sometimes packs the simulator with the process it talks to onto
+    one CPU for seconds while the other is half idle; this shows when a round did that."""
+
+    def __init__(self, sim: int, others: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.sim, self.others = sim, others
+        self.samples = self.shared = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.003):
+            with contextlib.suppress(OSError, ValueError):
+                state, cpu = _placement(self.sim)
+                if state != "R":
+                    continue
+                self.samples += 1
+                self.shared += any(_placement(pid) == ("R", cpu) for pid in self.others)
+
+    def stop(self) -> float:
+        self.done.set()
+        self.join()
+        return self.shared / self.samples if self.samples else 0.0
+
+
+def _placement(pid: int) -> tuple[str, int]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0], int(fields[36])
+
+
 # ---------------------------------------------------------------- load generator
 
 
@@ -242,6 +280,7 @@ class Segment:
     samples: list[Sample]
     wall: float
     cpu: dict[str, float]  # CPU seconds spent during the segment, by cpu_snapshot's keys
+    crowded: float = 0.0  # share of the simulator's runnable samples spent sharing its CPU
 
     @property
     def ok(self) -> int:
@@ -432,6 +471,7 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
             for n, c in ((20, 1), (128, 64)):
                 warm, _ = await run_load(sessions[p], rig.urls[p], body, n, c, lambda _: voice)
                 warmup_proxied += sum(s.ok for s in warm) if p == "proxy" else 0
+        others = [os.getpid(), rig.proxy.pid] + (group_pids(rig.nginx.pid) if rig.nginx else [])
         started = time.monotonic()
         for r in range(args.rounds):
             for c in CONCURRENCY:
@@ -440,18 +480,23 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
                 for p in order:
                     rig.sim.check()
                     rig.proxy.check()
+                    crowding = Crowding(rig.sim.pid, others) if c > 1 else None
+                    if crowding is not None:
+                        crowding.start()
                     before = cpu_snapshot(rig)
                     samples, wall = await run_load(
                         sessions[p], rig.urls[p], body, n, c, lambda _: voice
                     )
                     after = cpu_snapshot(rig)
                     cpu = {k: after[k] - before[k] for k in before}
-                    seg = Segment(p, c, r, samples, wall, cpu)
+                    crowded = crowding.stop() if crowding is not None else 0.0
+                    seg = Segment(p, c, r, samples, wall, cpu, crowded)
                     results.segments.append(seg)
                     print(
                         f"  round {r + 1}/{args.rounds} c={c:<2} {p:<6} {seg.ok:>5}/{n} ok "
                         f"in {wall:6.2f} s, TTFT p50 {median_ms(seg.ttfts):7.3f} ms, "
-                        f"other load {seg.unattributed / wall:.2f} cores",
+                        f"other load {seg.unattributed / wall:.2f} cores"
+                        + (f", sim crowded {crowded:.0%}" if crowding is not None else ""),
                         flush=True,
                     )
         results.sanity["rounds_seconds"] = time.monotonic() - started
@@ -617,6 +662,7 @@ def report(results: Results) -> tuple[list[Goal], list[Goal] | None]:
     sums, added = table(segs)
     goals = evaluate(sums, added, results.rss)
     print_goals("Goals (issue 4), all rounds:", goals)
+    crowding_note(segs)
     quiet = quiet_segments(segs)
     if len(quiet) == len(segs):
         print(f"(every round was quiet: other load < {QUIET_CORES} cores in every segment)")
@@ -634,6 +680,28 @@ def report(results: Results) -> tuple[list[Goal], list[Goal] | None]:
     quiet_goals = evaluate(sums, added, results.rss)
     print_goals("Goals (issue 4), quiet rounds only:", quiet_goals)
     return goals, quiet_goals
+
+
+def crowding_note(segments: list[Segment]) -> None:
+    """Per c=64 round: each path's throughput over direct's, and how crowded the simulator was.
+    Informative only: the goals are judged on every round, as the issue asks."""
+    rounds: dict[int, dict[str, Segment]] = {}
+    for seg in segments:
+        if seg.concurrency > 1:
+            rounds.setdefault(seg.round, {})[seg.path] = seg
+    print()
+    print("c=64 per round: throughput / direct's (simulator crowded: share of its runnable time")
+    print("spent sharing its CPU with another runnable process of the benchmark)")
+    for r, segs in sorted(rounds.items()):
+        direct = segs["direct"].ok / segs["direct"].wall
+        cells = [
+            f"{p} {segs[p].ok / segs[p].wall / direct:.2f} ({segs[p].crowded:.0%})"
+            if p != "direct"
+            else f"direct ({segs[p].crowded:.0%})"
+            for p in PATHS
+            if p in segs
+        ]
+        print(f"  round {r + 1}: " + ", ".join(cells))
 
 
 def print_goals(title: str, goals: list[Goal]) -> None:
@@ -872,6 +940,7 @@ def run(args: argparse.Namespace) -> int:
                     "ttft_p50_ms": median_ms(seg.ttfts),
                     "cpu_seconds": seg.cpu,
                     "other_load_cores": seg.unattributed / seg.wall,
+                    "sim_crowded": seg.crowded,
                 }
                 for seg in results.segments
             ],
