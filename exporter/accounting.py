@@ -9,6 +9,7 @@ counters still add up to the engine's own. Both are kept apart by the `source` l
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +35,7 @@ class Buckets:
     def observe(self, value: float) -> None:
         if not self.counts:
             self.counts = [0] * (len(self.bounds) + 1)
-        index = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[index] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value, or +Inf
         self.sum += value
 
     def cumulative(self) -> list[tuple[str, float]]:
