@@ -112,8 +112,7 @@ class Client(asyncio.Protocol):
             data = b"%x\r\n%b\r\n" % (len(data), data)
         if self._pending_head is not None:
             data, self._pending_head = self._pending_head + data, None
-        if self._transport is not None:
-            self._transport.write(data)
+        self._write(data)
 
     def end_stream(self, rest: bytes) -> None:
         data = b"%x\r\n%b\r\n" % (len(rest), rest) if self._chunked and rest else rest

@@ -42,7 +42,10 @@ HOP_BY_HOP = frozenset(
         "expect",  # the body is read whole before it is forwarded
     )
 )
-COMPLETIONS = ("/v1/chat/completions", "/v1/completions")
+COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
+    "/v1/chat/completions": b'"content":"',
+    "/v1/completions": b'"text":"',
+}
 _INJECTED = {  # what `_inject` splices into a stream request that set no stream_options
     continuous: json.dumps(
         {"stream_options": {"include_usage": True, "continuous_usage_stats": continuous}}
@@ -115,8 +118,7 @@ class Proxy:
         call.exchange = self.upstream.send(method, target, headers, body, call)
         # the rest can wait until the request is on its way: no response byte comes before
         if strip is not None:
-            key = b'"content":"' if match.path == COMPLETIONS[0] else b'"text":"'
-            call.tap = StreamTap(*strip, content_key=key)
+            call.tap = StreamTap(*strip, content_key=COMPLETIONS[match.path])
         if completion and parsed is not None:  # accounted when it ends
             call.account = (match.route, started, (parsed.get("n") or 1) == 1)
         return call
