@@ -1,7 +1,8 @@
 """What the route-tagging proxy adds to a streamed completion, against nginx and no proxy at all.
 
 Three paths to the same simulator (`specdec sim --speed 1000`, 64-token streamed chat
-completions), each a separate process from this script, which is the load generator (aiohttp):
+completions), each a separate process from this script, which is the load generator
+(`_stream_client.py`, lean on CPU, on uvloop when installed):
 
     direct  client -> simulator
     nginx   client -> Debian's nginx (plain reverse proxy: proxy_buffering off, HTTP/1.1
@@ -21,7 +22,9 @@ streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80
     python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--json FILE] [--check]
 
 Nothing is pinned: on a 2-core machine the load generator, the simulator and the proxy share
-the cores, as they would on a small host; that contention is part of what c=64 measures. Load
+the cores, as they would on a small host; that contention is part of what c=64 measures. The load
+generator is kept lean (~1.1-1.5 ms of CPU per stream, aiohttp's client took ~2.4) so that it
+takes as little as it can of what the paths under test share. Load
 from outside the benchmark is measured per segment ("other": /proc/stat busy time less the
 benchmark's own processes); when some rounds were not quiet, the goals are judged again on the
 quiet rounds only. At c=64 a sampler also records how often the simulator shared its CPU
@@ -48,12 +51,13 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from _run import die_with_parent, free_port, guarded
+from _stream_client import Pool, Sample
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -69,9 +73,8 @@ GOAL_CPU_MS = 5.0
 GOAL_THROUGHPUT = 0.9
 GOAL_RSS_MB = 80.0
 QUIET_CORES = 0.25  # a round is quiet when the machine's other load stayed below this
+SAMPLE_SECONDS = 0.01  # the crowding sampler's period: ~2 % of a core, in the load generator
 
-FIRST_CONTENT = re.compile(rb'"(?:content|text)":"[^"]')  # the role chunk has "content":""
-DONE = b"data: [DONE]\n\n"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no *_proxy for 127.0.0.1
 
 NGINX_CONF = """\
@@ -240,7 +243,7 @@ class Crowding(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(0.003):
+        while not self.done.wait(SAMPLE_SECONDS):
             with contextlib.suppress(OSError, ValueError):
                 state, cpu = _placement(self.sim)
                 if state != "R":
@@ -260,14 +263,7 @@ def _placement(pid: int) -> tuple[str, int]:
     return fields[0], int(fields[36])
 
 
-# ---------------------------------------------------------------- load generator
-
-
-@dataclass(slots=True)
-class Sample:
-    ok: bool
-    ttft: float | None  # seconds, request sent -> first content token received
-    total: float
+# ---------------------------------------------------------------- segments
 
 
 @dataclass
@@ -310,52 +306,6 @@ def request_body(max_tokens: int) -> bytes:
         "stream": True,
     }
     return json.dumps(body).encode()
-
-
-async def one_stream(
-    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
-) -> Sample:
-    started = time.perf_counter()
-    ttft: float | None = None
-    tail = b""
-    try:
-        async with session.post(url, data=body, headers=headers) as resp:
-            async for chunk in resp.content.iter_any():
-                if ttft is None and FIRST_CONTENT.search(tail + chunk):
-                    ttft = time.perf_counter() - started
-                tail = (tail + chunk)[-32:]
-            ok = resp.status == 200 and tail.endswith(DONE)
-    except (aiohttp.ClientError, TimeoutError):
-        ok = False
-    return Sample(ok and ttft is not None, ttft, time.perf_counter() - started)
-
-
-async def run_load(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    n: int,
-    concurrency: int,
-    headers: Any,
-) -> tuple[list[Sample], float]:
-    """n streams, `concurrency` at a time; headers(i) gives request i's headers."""
-    samples: list[Sample] = []
-    counter = iter(range(n))
-
-    async def worker() -> None:
-        for i in counter:
-            samples.append(await one_stream(session, url, body, headers(i)))
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return samples, time.perf_counter() - started
-
-
-def new_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max(CONCURRENCY), keepalive_timeout=300),
-        timeout=aiohttp.ClientTimeout(total=60),
-    )
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -463,13 +413,13 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
     body = request_body(args.tokens)
     voice = {"Content-Type": "application/json", "X-Route": "voice"}
     paths = [p for p in PATHS if p in rig.urls]
-    sessions = {p: new_session() for p in paths}
+    pool = Pool()
     try:
         # warm-up, not recorded: connections pooled, code paths and allocators warm
         warmup_proxied = 0
         for p in paths:
             for n, c in ((20, 1), (128, 64)):
-                warm, _ = await run_load(sessions[p], rig.urls[p], body, n, c, lambda _: voice)
+                warm, _ = await pool.run(rig.urls[p], body, n, c, lambda _: voice)
                 warmup_proxied += sum(s.ok for s in warm) if p == "proxy" else 0
         others = [os.getpid(), rig.proxy.pid] + (group_pids(rig.nginx.pid) if rig.nginx else [])
         started = time.monotonic()
@@ -484,9 +434,7 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
                     if crowding is not None:
                         crowding.start()
                     before = cpu_snapshot(rig)
-                    samples, wall = await run_load(
-                        sessions[p], rig.urls[p], body, n, c, lambda _: voice
-                    )
+                    samples, wall = await pool.run(rig.urls[p], body, n, c, lambda _: voice)
                     after = cpu_snapshot(rig)
                     cpu = {k: after[k] - before[k] for k in before}
                     crowded = crowding.stop() if crowding is not None else 0.0
@@ -500,10 +448,9 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
                         flush=True,
                     )
         results.sanity["rounds_seconds"] = time.monotonic() - started
-        await rss_phase(rig, args, sessions["proxy"], body, results, warmup_proxied)
+        await rss_phase(rig, pool, body, results, warmup_proxied)
     finally:
-        for s in sessions.values():
-            await s.close()
+        pool.close()
 
 
 def cpu_snapshot(rig: Rig) -> dict[str, float]:
@@ -517,17 +464,11 @@ def cpu_snapshot(rig: Rig) -> dict[str, float]:
 
 
 async def rss_phase(
-    rig: Rig,
-    args: argparse.Namespace,
-    session: aiohttp.ClientSession,
-    body: bytes,
-    results: Results,
-    warmup_proxied: int,
+    rig: Rig, pool: Pool, body: bytes, results: Results, warmup_proxied: int
 ) -> None:
     """1,000 distinct X-Route values through our proxy; then its RSS and its route labels."""
     before, _ = rss_mib(rig.proxy.pid)
-    samples, wall = await run_load(
-        session,
+    samples, wall = await pool.run(
         rig.urls["proxy"],
         body,
         DISTINCT_ROUTES,
@@ -535,14 +476,13 @@ async def rss_phase(
         lambda i: {"Content-Type": "application/json", "X-Route": f"bench-{i:04d}-{os.getpid()}"},
     )
     agent_url = rig.urls["proxy"].replace("/v1/", "/agent/v1/", 1)
-    agent, _ = await run_load(
-        session, agent_url, body, 20, 4, lambda _: {"Content-Type": "application/json"}
-    )
+    plain = {"Content-Type": "application/json"}
+    agent, _ = await pool.run(agent_url, body, 20, 4, lambda _: plain)
     await asyncio.sleep(1.5)  # one accounting tick and one scrape of the simulator
     after, peak = rss_mib(rig.proxy.pid)
     results.rss = {"before_mib": before, "after_mib": after, "peak_mib": peak}
-    async with session.get(rig.metrics_url) as resp:
-        page = await resp.text()
+    with _DIRECT.open(rig.metrics_url, timeout=5.0) as resp:
+        page = resp.read().decode()
     routes: dict[str, float] = {}
     for line in page.splitlines():
         if line.startswith("specdec_route_requests_total{"):
@@ -913,7 +853,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.rounds} rounds x ({args.n1} streams at c=1, {args.n64} at c=64) per path, "
                 f"max_tokens={args.tokens}, streamed chat completions"
             )
-            asyncio.run(measure(rig, args, results))
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                runner.run(measure(rig, args, results))
         finally:
             for child in reversed(children):
                 child.stop()
@@ -955,6 +896,16 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         return 1
     return 1 if args.check and any(m is False for _, m, _ in goals) else 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed, as the sidecar uses: the lighter the load generator, the less of
+    the 2 cores it takes from the paths it measures."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def main(argv: list[str] | None = None) -> int:
