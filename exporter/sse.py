@@ -43,6 +43,8 @@ class StreamTap:
         complete = buffer[: end + 2]
         if complete.find(b"\n", 0, end) == -1:  # one single-line event (memchr, not a scan)
             return self._event(complete)
+        if self._plain(complete):
+            return complete
         return b"".join(self._event(e + b"\n\n") for e in complete[:-2].split(b"\n\n"))
 
     def flush(self) -> bytes:
@@ -51,15 +53,30 @@ class StreamTap:
         rest, self._pending = self._pending, b""
         return b"".join(held) + rest
 
+    def _plain(self, events: bytes) -> bool:
+        """Several events that pass unchanged (no finish, no usage, nothing to strip): only
+        their content times are taken. Several events arrive in one read under load."""
+        if (
+            self.strip_usage_fields
+            or events.find(b'"finish_reason":"') != -1
+            or events.find(b'"choices":[]') != -1
+        ):
+            return False
+        key = self.content_key
+        at = events.find(key)
+        while at != -1:
+            if events[at + len(key)] != 0x22:  # '"': not an empty string
+                self._content()
+                break
+            at = events.find(key, at + len(key))
+        return True
+
     def _event(self, event: bytes) -> bytes:
         # One scan for the common event, a token: vLLM writes the content before the
         # finish reason, and a JSON string cannot hold the key pattern unescaped.
         at = event.find(self.content_key)
         if at != -1 and event[at + len(self.content_key)] != 0x22:  # '"': not an empty string
-            now = time.perf_counter()
-            if self.first_content_at is None:
-                self.first_content_at = now
-            self.last_content_at = now
+            self._content()
         elif b'"choices":[]' in event and b'"usage"' in event:
             self.usage = _decode(event)
             if not self.strip_usage_event:
@@ -75,6 +92,12 @@ class StreamTap:
             self._held.append(event)  # until the usage event tells its fingerprint
             return b""
         return event
+
+    def _content(self) -> None:
+        now = time.perf_counter()
+        if self.first_content_at is None:
+            self.first_content_at = now
+        self.last_content_at = now
 
     def _strip_usage_field(self, event: bytes) -> bytes:
         """Drop the injected per-event usage, remembering its token increment."""

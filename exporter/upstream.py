@@ -13,6 +13,7 @@ timeout.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -333,16 +334,21 @@ class Exchange:
 
     def _parse(self, data: bytes) -> bytes:
         """Consume `data`; return the body bytes it completes (de-chunked)."""
-        if self._state == _CHUNK_SIZE and not self._buffer:
-            # the common read of a stream: one whole chunk, as vLLM writes one SSE event
-            line = data.find(b"\r\n", 0, 18)
-            if line > 0:
-                size = _chunk_size(data[:line])
-                if size and len(data) == line + size + 4 and data.endswith(b"\r\n"):
-                    return data[line + 2 : -2]
-        buffer = self._buffer + data if self._buffer else data
         out: list[bytes] = []
         pos = 0
+        if self._state == _CHUNK_SIZE and not self._buffer:
+            # the common reads of a stream: whole chunks (vLLM writes one SSE event per chunk,
+            # several arrive together under load), taken without the state machine
+            while (line := data.find(b"\r\n", pos, pos + 18)) > pos:
+                size = _chunk_size(data[pos:line])
+                end = line + 2 + size
+                if not size or data[end : end + 2] != b"\r\n":
+                    break
+                out.append(data[line + 2 : end])
+                pos = end + 2
+            if pos == len(data):
+                return b"".join(out) if len(out) != 1 else out[0]
+        buffer = self._buffer + data if self._buffer else data
         while pos < len(buffer):
             state = self._state
             if state in (_CHUNK_DATA, _LENGTH):
@@ -417,6 +423,7 @@ class Exchange:
         self._new_head = head
 
 
+@functools.lru_cache(maxsize=1024)  # a stream repeats a few sizes; C lookup, no re-parsing
 def _chunk_size(line: bytes) -> int:
     """A chunk-size line's size: hex digits only (int() would also take a sign, 0x, _)."""
     size = line.split(b";", 1)[0].rstrip(b" \t")

@@ -90,6 +90,17 @@ def test_the_first_content_token_is_the_first_non_empty_content() -> None:
         assert tap.last_content_at == last
 
 
+def test_several_events_in_one_read_are_timed_as_one_by_one() -> None:
+    tap = StreamTap()
+    assert tap.feed(CHAT[0] + CHAT[1]) == CHAT[0] + CHAT[1]
+    assert tap.first_content_at is None  # an empty content and reasoning are not tokens
+    assert tap.feed(CHAT[0] + CHAT[2] + CHAT[3]) == CHAT[0] + CHAT[2] + CHAT[3]
+    assert tap.first_content_at is not None and tap.last_content_at == tap.first_content_at
+    first = tap.first_content_at
+    tap.feed(CHAT[3] + CHAT[3])
+    assert tap.first_content_at == first and tap.last_content_at > first
+
+
 def test_injected_usage_fields_are_removed_and_their_increments_kept() -> None:
     events = [
         chat({"content": "a"}, usage={"prompt_tokens": 3, "completion_tokens": 1}),

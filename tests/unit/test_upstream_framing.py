@@ -145,6 +145,14 @@ def test_a_read_of_one_whole_chunk_is_passed_on_as_one_piece() -> None:
     assert receiver.parts == SSE and receiver.ended.done() and conn.released is True
 
 
+def test_a_read_of_several_whole_chunks_is_passed_on_as_one_piece() -> None:
+    """Under load several events arrive in one read: one piece (a part chunk's bytes too)."""
+    chunks = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in SSE)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    receiver, conn = run("POST", [head, chunks + b"4\r\nab", b"cd\r\n0\r\n\r\n"], False)
+    assert receiver.parts == [CHUNKED_BODY + b"ab", b"cd"] and conn.released is True
+
+
 @pytest.mark.parametrize(
     "raw",
     [
