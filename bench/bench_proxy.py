@@ -453,6 +453,24 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
         pool.close()
 
 
+def pin(rig: Rig) -> None:
+    """--pin: the simulator alone on the last CPU, everything else (this load generator,
+    nginx, the sidecar) on the others, the same for every path. It models a host where the
+    inference server has its own cores, and shows how much of a path's cost at c=64 is the
+    scheduler running the proxy on the simulator's CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError("--pin needs at least 2 CPUs")
+    rest = set(cpus[:-1])
+    places = [(os.getpid(), rest), (rig.sim.pid, {cpus[-1]}), (rig.proxy.pid, rest)]
+    places += [(rig.nginx.pid, rest)] if rig.nginx else []
+    for group, where in places:
+        for pid in group_pids(group) if group != os.getpid() else [group]:
+            for task in os.listdir(f"/proc/{pid}/task"):  # every thread; new ones inherit
+                os.sched_setaffinity(int(task), where)
+    print(f"pinned: simulator on CPU {cpus[-1]}; load generator, nginx, sidecar on {sorted(rest)}")
+
+
 def cpu_snapshot(rig: Rig) -> dict[str, float]:
     return {
         "sim": group_cpu(rig.sim.pid),
@@ -847,6 +865,8 @@ def run(args: argparse.Namespace) -> int:
         tmp = Path(name)
         try:
             rig = start(tmp, args, children)
+            if args.pin:
+                pin(rig)
             print(
                 f"{os.cpu_count()} CPUs; sim pid {rig.sim.pid} (--speed {args.speed:g}), "
                 f"proxy pid {rig.proxy.pid}, nginx pid {rig.nginx.pid if rig.nginx else '-'}; "
@@ -916,6 +936,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens per stream (64)")
     parser.add_argument("--speed", type=float, default=1000.0, help="simulator --speed (1000)")
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx path")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="simulator alone on the last CPU, all else on the others (default: unpinned)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     return guarded("bench_proxy", run, parser.parse_args(argv))
