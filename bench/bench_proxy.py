@@ -19,12 +19,14 @@ distinct X-Route values go through our proxy and its RSS is read. Goals (issue 4
 added TTFT p50 at c=1 within 0.3 ms of nginx's; at c=64 at most 2x nginx's; proxy CPU per
 streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80 MB.
 
-    python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--json FILE] [--check]
+    python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--pin] [--json FILE] [--check]
 
-Nothing is pinned: on a 2-core machine the load generator, the simulator and the proxy share
-the cores, as they would on a small host; that contention is part of what c=64 measures. The load
-generator is kept lean (~1.1-1.5 ms of CPU per stream, aiohttp's client took ~2.4) so that it
-takes as little as it can of what the paths under test share. Load
+By default nothing is pinned: on a 2-core machine the load generator, the simulator and the proxy
+share the cores, as they would on a small host; that contention is part of what c=64 measures.
+`--pin` runs the simulator alone on the last CPU and everything else on the others, every path
+alike, as on a host where the inference server has cores of its own. The load generator is kept
+lean (~1 ms of CPU per c=64 stream; aiohttp's client took 1.7-2.9) so that it takes as little as
+it can of what the paths under test share. Load
 from outside the benchmark is measured per segment ("other": /proc/stat busy time less the
 benchmark's own processes); when some rounds were not quiet, the goals are judged again on the
 quiet rounds only. At c=64 a sampler also records how often the simulator shared its CPU
@@ -51,13 +53,14 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from _run import die_with_parent, free_port, guarded
 from _stream_client import Pool, Sample
+
+from exporter.sidecar import loop_factory
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -462,10 +465,10 @@ def pin(rig: Rig) -> None:
     if len(cpus) < 2:
         raise RuntimeError("--pin needs at least 2 CPUs")
     rest = set(cpus[:-1])
-    places = [(os.getpid(), rest), (rig.sim.pid, {cpus[-1]}), (rig.proxy.pid, rest)]
-    places += [(rig.nginx.pid, rest)] if rig.nginx else []
-    for group, where in places:
-        for pid in group_pids(group) if group != os.getpid() else [group]:
+    places = [([os.getpid()], rest), (group_pids(rig.sim.pid), {cpus[-1]})]
+    places += [(group_pids(child.pid), rest) for child in (rig.proxy, rig.nginx) if child]
+    for pids, where in places:
+        for pid in pids:
             for task in os.listdir(f"/proc/{pid}/task"):  # every thread; new ones inherit
                 os.sched_setaffinity(int(task), where)
     print(f"pinned: simulator on CPU {cpus[-1]}; load generator, nginx, sidecar on {sorted(rest)}")
@@ -873,7 +876,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.rounds} rounds x ({args.n1} streams at c=1, {args.n64} at c=64) per path, "
                 f"max_tokens={args.tokens}, streamed chat completions"
             )
-            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:  # as the sidecar's
                 runner.run(measure(rig, args, results))
         finally:
             for child in reversed(children):
@@ -916,16 +919,6 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         return 1
     return 1 if args.check and any(m is False for _, m, _ in goals) else 0
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed, as the sidecar uses: the lighter the load generator, the less of
-    the 2 cores it takes from the paths it measures."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,12 +163,12 @@ def serve(config: Config) -> None:
 
     with (
         contextlib.suppress(KeyboardInterrupt),
-        asyncio.Runner(loop_factory=_loop_factory()) as runner,
+        asyncio.Runner(loop_factory=loop_factory()) as runner,
     ):
         runner.run(main())
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop when installed (the `fast` extra): the proxy's cost is mostly per-chunk socket
     writes, which uvloop's C transport does in a fraction of asyncio's time."""
     try:
