@@ -99,13 +99,13 @@ async def test_any_read_boundary_gives_the_same_result() -> None:
     # use to a client only whole), not earlier, and not later than the read that completed it
     token_at = wire.index(b"\n\n\r\n", wire.index(b'"Hi"')) + 4
 
-    class Loop:
+    class Transport:  # what the client writes its request to
         def write(self, _: bytes) -> None:
             pass
 
     for step in (1, 2, 3, 7, 64, len(wire)):
         conn = client._Exchange()
-        conn.connection_made(Loop())  # type: ignore[arg-type]
+        conn.connection_made(Transport())  # type: ignore[arg-type]
         done = conn.start(client.build_request("http://h:1/v1/chat/completions", BODY, JSON))
         stamped_at = None
         for i in range(0, len(wire), step):
