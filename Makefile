@@ -14,3 +14,4 @@ lint:
 bench:
 	$(PY) bench/bench_parse.py
 	$(PY) bench/bench_sidecar_cpu.py --seconds 60
+	$(PY) bench/bench_relay.py
