@@ -115,9 +115,10 @@ def merged(reads: list[bytes], k: int) -> list[bytes]:
     return [reads[0]] + [b"".join(reads[i : i + k]) for i in range(1, len(reads), k)]
 
 
-def request() -> bytes:
+def request(tokens: int) -> bytes:
+    """The client's request: a stream that did not ask for usage (the proxy injects it)."""
     body = json.dumps(
-        {"model": MODEL, "messages": PROMPT, "max_tokens": 64, "stream": True}
+        {"model": MODEL, "messages": PROMPT, "max_tokens": tokens, "stream": True}
     ).encode()
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8001\r\nAccept: */*\r\n"
@@ -127,10 +128,11 @@ def request() -> bytes:
 
 
 Stream = Callable[[Callable[[], None]], None]  # one stream; calls its argument before each read
-Setup = tuple[Stream, Transport, Callable[[], int] | None]  # the client; streams accounted
+# a path: its stream, the client's transport, and how many streams it accounted (None: it does not)
+Setup = tuple[Stream, Transport, Callable[[], int] | None]
 
 
-def proxied(reads: list[bytes]) -> Setup:
+def proxied(reads: list[bytes], tokens: int) -> Setup:
     """One stream through the real proxy: a client connection and a pooled upstream one."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "specdec.yaml"
@@ -142,7 +144,7 @@ def proxied(reads: list[bytes]) -> Setup:
     conn.connection_made(Transport())  # type: ignore[arg-type]
     client, out = proxy._client(), Transport()
     client.connection_made(out)  # type: ignore[arg-type]
-    raw = request()
+    raw = request(tokens)
 
     def stream(before: Callable[[], None]) -> None:
         conn.idle_since = loop.time()  # the pool's one connection, fresh for each stream
@@ -159,7 +161,7 @@ def proxied(reads: list[bytes]) -> Setup:
     return stream, out, accounted
 
 
-def forwarded(reads: list[bytes]) -> Setup:
+def forwarded(reads: list[bytes], tokens: int) -> Setup:
     """The reference: bytes passed on, one Python call per read."""
     up, out = Transport(), Transport()
 
@@ -170,7 +172,7 @@ def forwarded(reads: list[bytes]) -> Setup:
         def data_received(self, data: bytes) -> None:
             self.to.write(data)
 
-    client, server, raw = Forward(up), Forward(out), request()
+    client, server, raw = Forward(up), Forward(out), request(tokens)
 
     def stream(before: Callable[[], None]) -> None:
         before()
@@ -230,7 +232,7 @@ async def main(args: argparse.Namespace) -> int:
         results["reads"][k] = len(reads)
         rows: dict[str, tuple[float, float]] = {}
         for name, make in (("reference", forwarded), ("proxy", proxied)):
-            stream, out, accounted = make(reads)
+            stream, out, accounted = make(reads, args.tokens)
             await per_stream(stream, cache.warm, cache, 50, 1)  # specialisation, the pool's state
             sent = out.written
             w = await per_stream(stream, cache.warm, cache, args.n, args.repeats)
