@@ -35,6 +35,8 @@ from exporter.sim.server import build_app
 
 PROMPT = [{"role": "user", "content": "Hello, how are you today?"}]
 CONF = """\
+# the sidecar is never started: nothing listens on these ports, and the proxy's pool is handed a
+# fake connection (were it to dial the upstream, nothing would answer: a 502, the run refused)
 listen: 127.0.0.1:1
 targets: [{{name: sim, url: "http://127.0.0.1:{port}/metrics"}}]
 proxy:
