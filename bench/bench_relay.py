@@ -27,10 +27,11 @@ from typing import Any
 from _run import free_port, guarded
 from aiohttp import web
 
-from exporter import config, upstream
+from exporter import config
 from exporter.demo import MODEL
+from exporter.proxy import upstream
 from exporter.sidecar import Sidecar, loop_factory
-from exporter.sim.engine import SimEngine
+from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
 
 PROMPT = [{"role": "user", "content": "Hello, how are you today?"}]

@@ -24,7 +24,8 @@ from typing import Any
 from dashboards import engine, health, payoff
 from dashboards.live import PrometheusError, prometheus_query
 from dashboards.panels import JSON, to_json
-from dashboards.preview import parse_duration, preview
+from dashboards.preview import preview
+from exporter.core.durations import parse_duration
 
 DIRECTORY = Path(__file__).resolve().parent
 BUILDERS: dict[str, Callable[[], Any]] = {

@@ -23,8 +23,6 @@ from dashboards.panels import JSON
 
 # --- preview -------------------------------------------------------------------------------
 
-DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
-SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 BACKGROUND, PANEL, TEXT, GRID = "#111217", "#181b1f", "#ccccdc", "#2c3235"
 NAMED = {
@@ -37,13 +35,6 @@ NAMED = {
     "text": TEXT,
 }
 PALETTE = ["#7eb26d", "#eab839", "#6ed0e0", "#ef843c", "#e24d42", "#1f78c1", "#ba43a9", "#705da0"]
-
-
-def parse_duration(text: str) -> float:
-    match = DURATION.match(text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 15m, 1h)")
-    return int(match.group(1)) * SECONDS[match.group(2)]
 
 
 def color(name: str) -> str:

@@ -24,14 +24,14 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from exporter.client import RequestFailed, stream_chat
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
-from exporter.counts import ratios, total
-from exporter.scenarios import Scenario, builtin
+from exporter.core.counts import ratios, total
+from exporter.core.windows import DEFAULT_WINDOWS
+from exporter.measure.scenarios import Scenario, builtin
+from exporter.measure.stream_client import RequestFailed, stream_chat
 from exporter.sidecar import Sidecar
-from exporter.sim.engine import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
+from exporter.sim.decoder import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
 from exporter.sim.server import build_app
-from exporter.windows import DEFAULT_WINDOWS
 
 MODEL = "sim-27b"
 

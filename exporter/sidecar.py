@@ -16,13 +16,13 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__, logs
-from exporter.accounting import Accounting
-from exporter.collector import SpecdecCollector
 from exporter.config import Config, redact
-from exporter.model_collector import ModelCollector
-from exporter.proxy import Proxy
-from exporter.route_collector import RouteCollector, engine_by_model
-from exporter.scrape import Clock, Scraper, TargetState
+from exporter.export.model_collector import ModelCollector
+from exporter.export.route_collector import RouteCollector, engine_by_model
+from exporter.export.target_collector import SpecdecCollector
+from exporter.proxy.accounting import Accounting
+from exporter.proxy.forward import Proxy
+from exporter.scrape.target import Clock, Scraper, TargetState
 
 LANDING = """<!doctype html><html><head><title>specdec</title></head><body>
 <h1>specdec {version}</h1><p>Live speculative-decoding payoff for vLLM.</p>

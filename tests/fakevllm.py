@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from exporter.counts import Counts
+from exporter.core.counts import Counts
 from tests.helpers import FIXTURES
 
 BASE = "\n".join(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from exporter.upstream import Head
+from exporter.proxy.framing import Head
 
 
 class Gather:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
 from exporter.sidecar import Sidecar
-from exporter.sim.engine import SimEngine
+from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
 from tests.helpers import free_port
 

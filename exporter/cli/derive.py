@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from exporter.cli.common import EXIT_USAGE, Verbs
-from exporter.engines import ENGINE_KINDS, families
+from exporter.config import ENGINE_KINDS
+from exporter.scrape.families import families
 
 
 def register(verbs: Verbs) -> None:
@@ -37,7 +38,7 @@ def register(verbs: Verbs) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.derive import delta, report, to_json, to_table
+    from exporter.scrape.derive import delta, report, to_json, to_table
 
     try:
         before, after = (

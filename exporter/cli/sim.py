@@ -69,7 +69,7 @@ def register(verbs: Verbs) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from exporter.sim.engine import SimEngine
+    from exporter.sim.decoder import SimEngine
     from exporter.sim.profiles import DEFAULT_PROFILES, Profile
     from exporter.sim.server import build_app
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from exporter.measure.report import Roofline, document, plot, to_csv, to_json, to_table
 from exporter.measure.runner import MeasureError, Plan, ScenarioResult, measure
-from exporter.scenarios import Scenario, ScenarioError, builtin, load_file
+from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_file
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1

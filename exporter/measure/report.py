@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.payoff import breakeven_acceptance, decode_ceiling
+from exporter.core.payoff import breakeven_acceptance, decode_ceiling
 
 Row = dict[str, Any]
 

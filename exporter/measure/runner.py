@@ -16,11 +16,11 @@ from typing import Any
 
 import aiohttp
 
-from exporter.client import RequestFailed, Result, stream_chat
-from exporter.counts import Counts, from_spec_object, total
-from exporter.derive import delta
-from exporter.engines import families, read_page
-from exporter.scenarios import Scenario
+from exporter.core.counts import Counts, from_spec_object, total
+from exporter.measure.scenarios import Scenario
+from exporter.measure.stream_client import RequestFailed, Result, stream_chat
+from exporter.scrape.derive import delta
+from exporter.scrape.families import families, read_page
 
 
 class MeasureError(Exception):

@@ -14,8 +14,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.exposition import generate_latest
 
-from exporter.counts import Counts
-from exporter.sim.engine import Output, RequestStats, SimEngine
+from exporter.core.counts import Counts
+from exporter.sim.decoder import Output, RequestStats, SimEngine
 from exporter.sim.profiles import Profile, classify
 from exporter.sim.wire import Json, Shapes, error, sse, usage
 

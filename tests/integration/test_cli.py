@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.counts import Counts
+from exporter.core.counts import Counts
 from tests.fakevllm import FakeVllm, serve_fake
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 

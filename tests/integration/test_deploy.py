@@ -774,7 +774,7 @@ def test_image_build_replay_runs_and_passes_its_healthcheck(
     where = run([str(python), "-c", "import exporter; print(exporter.__file__)"], cwd=tmp_path)
     assert where.stdout.startswith(str(image_venv)), where.stdout  # from the wheel, not the repo
     scenarios = run(
-        [str(python), "-c", "from exporter.scenarios import builtin; builtin('ja_chat')"],
+        [str(python), "-c", "from exporter.measure.scenarios import builtin; builtin('ja_chat')"],
         cwd=tmp_path,
     )
     assert scenarios.returncode == 0, scenarios.stderr  # package data made it into the wheel
@@ -820,7 +820,7 @@ def families(page: str) -> collections.Counter[str]:
 async def _traffic(proxy: str, routes: list[str], stop: asyncio.Event) -> None:
     import aiohttp
 
-    from exporter.client import stream_chat
+    from exporter.measure.stream_client import stream_chat
 
     async def loop(route: str) -> None:
         body = {

@@ -12,8 +12,9 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from exporter import downstream
-from exporter.request import quick
+from exporter.proxy import connection as downstream
+from exporter.proxy import reader as request_reader
+from exporter.proxy.request import quick
 from tests.rig import sidecar
 from tests.scripted import Respond, ok, scripted
 
@@ -189,7 +190,7 @@ async def test_a_long_body_in_many_reads_is_parsed_once_and_arrives_whole(
         calls.append(len(buffer))
         return quick(buffer)
 
-    monkeypatch.setattr(downstream, "quick", counting)
+    monkeypatch.setattr(request_reader, "quick", counting)
     body = bytes(range(256)) * 16384  # 4 MiB
     async with proxy_port() as port:
         reader, writer = await exchange(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.scenarios import builtin
-from exporter.sim.engine import DRAFT_COST
+from exporter.measure.scenarios import builtin
+from exporter.sim.decoder import DRAFT_COST
 from tests.helpers import child, free_port, http_get, specdec, wait_for
 
 SPEED = 1.0  # real time: wake-up latency on a busy machine stays small against a step

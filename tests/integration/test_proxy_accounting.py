@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.counts import Counts, total
-from exporter.engines import families, read_page
+from exporter.core.counts import Counts, total
+from exporter.scrape.families import families, read_page
 from exporter.sidecar import Sidecar
 from tests.helpers import need_tool, samples
 from tests.rig import CODE, JA, sidecar, simulator

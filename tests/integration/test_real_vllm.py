@@ -32,7 +32,7 @@ import aiohttp
 import pytest
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Target
-from exporter.counts import Counts, from_spec_object, total
+from exporter.core.counts import Counts, from_spec_object, total
 from exporter.sidecar import Sidecar
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 from tests.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv

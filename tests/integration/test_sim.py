@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.counts import Counts, from_spec_object, total
-from exporter.engines import families, read_page
-from exporter.sim.engine import SimEngine
+from exporter.core.counts import Counts, from_spec_object, total
+from exporter.scrape.families import families, read_page
+from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
 
 JA = [{"role": "user", "content": "こんにちは、今日は何してた？"}]

@@ -9,7 +9,7 @@ import hashlib
 import aiohttp
 import pytest
 
-from exporter.upstream import Upstream
+from exporter.proxy.upstream import Upstream
 from tests.receiver import Gather
 from tests.rig import sidecar
 from tests.scripted import ok, scripted

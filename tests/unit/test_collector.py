@@ -8,10 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import ERROR_REASONS, SpecdecCollector
 from exporter.config import Target
-from exporter.scrape import TargetState
-from exporter.windows import parse_window
+from exporter.core.windows import parse_window
+from exporter.export.target_collector import ERROR_REASONS, SpecdecCollector
+from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, one_engine, set_counts
 

@@ -20,7 +20,7 @@ from exporter.config import (
     load,
     redact,
 )
-from exporter.windows import DEFAULT_WINDOWS, Window
+from exporter.core.windows import DEFAULT_WINDOWS, Window
 
 from .pages import BAD_CONFIGS
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.counters import CounterStore, is_restart
-from exporter.counts import Counts
-from exporter.engines import Page, RawSeries, families, read_page
+from exporter.core.counts import Counts
+from exporter.scrape.families import Page, RawSeries, families, read_page
+from exporter.scrape.totals import CounterStore, is_restart
 
 from .pages import MODEL, bump, one_engine, set_counts, shift_created
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.derive import delta, report, to_table
-from exporter.engines import families
+from exporter.scrape.derive import delta, report, to_table
+from exporter.scrape.families import families
 
 from .pages import MODEL, bump, four_engines, one_engine, set_counts, shift_created
 

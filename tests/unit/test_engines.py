@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.counts import Counts
-from exporter.engines import MAX_POSITIONS, MAX_SERIES, Role, families, read_page
+from exporter.core.counts import Counts
+from exporter.scrape.families import MAX_POSITIONS, MAX_SERIES, Role, families, read_page
 
 from .pages import (
     BASE_ACCEPTED,

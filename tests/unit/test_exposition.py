@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.exposition import Sample, parse_line, scan
+from exporter.scrape.exposition import Sample, parse_line, scan
 
 from .pages import LEAD, MODEL, four_engines, one_engine
 

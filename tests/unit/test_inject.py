@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.proxy import _with_key
+from exporter.proxy.forward import _with_key
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.sse import StreamTap
+from exporter.proxy.sse import StreamTap
 
 FINGERPRINT = "fp-1"
 

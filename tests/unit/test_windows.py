@@ -12,11 +12,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import SpecdecCollector
 from exporter.config import Target
-from exporter.counts import Counts, ratios
-from exporter.scrape import TargetState
-from exporter.windows import DEFAULT_WINDOWS, History, Window, parse_window
+from exporter.core.counts import Counts, ratios
+from exporter.core.windows import DEFAULT_WINDOWS, History, Window, parse_window
+from exporter.export.target_collector import SpecdecCollector
+from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, four_engines, one_engine
 
@@ -35,6 +35,11 @@ KEY = (MODEL, "0")
         ("1h30m", 5400),
         ("1m30s", 90),
         ("2h0m5s", 7205),
+        ("500ms", 0.5),  # Prometheus' grammar: ms, d, w, y too
+        ("1d", 86400),
+        ("1w2d", 9 * 86400),
+        ("1y", 365 * 86400),
+        ("1m500ms", 60.5),
     ],
 )
 def test_parse_window(text, seconds):
@@ -42,7 +47,8 @@ def test_parse_window(text, seconds):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "5x", "5", "m", "1.5m", "5ms", "-1m", " 5m", "5m ", "1d", "0m", "0s", "30s1m"]
+    "text",
+    ["", "5x", "5", "m", "1.5m", "-1m", " 5m", "5m ", "0m", "0s", "30s1m", "1h1h", "5ms1s", "1D"],
 )
 def test_parse_window_rejects(text):
     with pytest.raises(ValueError):

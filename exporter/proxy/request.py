@@ -1,12 +1,12 @@
 """A client's request as the proxy needs it, and a quick parse of the shape clients send.
 
-Why two parsers: aiohttp's request parser (llhttp, in C) also builds a yarl URL, two
-multidicts and a body reader per request, ~90 us on the cold cache of a proxy that slept
-between requests: a quarter of what the proxy adds to the time to first token. `quick` takes
-only a strict subset of HTTP/1.1, the shape OpenAI clients send (a token method, a plain
-origin-form target, ASCII header fields, one Host, at most one Content-Length, no Transfer-Encoding,
-Expect or Upgrade) and leaves anything else to llhttp, which serves it or refuses it. A
-differential test holds `quick` to llhttp's reading of every request `quick` accepts.
+Why two parsers: a general parser (llhttp through httptools, `reader.py`) calls back into
+Python once per header and per body piece, tens of calls per request on the cold cache of a
+proxy that slept between requests. `quick` takes only a strict subset of HTTP/1.1, the shape
+OpenAI clients send (a token method, a plain origin-form target, ASCII header fields, one Host,
+at most one Content-Length, no Transfer-Encoding, Expect or Upgrade) with a few bytes methods,
+and leaves anything else to llhttp, which serves it or refuses it. A differential test holds
+`quick` to llhttp's reading of every request `quick` accepts.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
-
-from aiohttp.http_parser import RawRequestMessage
 
 HEAD_LIMIT = 8190  # bytes of a head `quick` takes (llhttp's line limits are as large)
 MORE: Final = "more"  # `quick`: nothing wrong so far, but the request is not complete
@@ -29,17 +27,18 @@ _LINE = re.compile(
 _TOKEN = re.sub(rb"[^-!#$%&'*+.^_`|~0-9A-Za-z]", b"", bytes(range(128)))  # header name bytes
 _VISIBLE = bytes(range(0x20, 0x7F)) + b"\t"  # header value bytes
 _LLHTTP_ONLY = frozenset(("transfer-encoding", "expect", "upgrade"))
-_ONCE = frozenset(  # aiohttp refuses these twice (RFC 9110 singletons); Connection: ours
+SINGLETONS = frozenset(  # fields a request may carry once (RFC 9110), as aiohttp's server checks
     ("content-length", "content-location", "content-range", "content-type", "etag", "host",
-     "max-forwards", "server", "transfer-encoding", "user-agent", "connection")
+     "max-forwards", "server", "transfer-encoding", "user-agent")
 )  # fmt: skip
+_ONCE = SINGLETONS | {"connection"}  # quick leaves a repeated Connection to llhttp
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slower to make
-class Request:
+class ClientRequest:
     method: str
     target: str  # as sent: path and query
-    path: str  # decoded, without the query
+    path: str  # as sent, without the query (routes match it byte for byte)
     version: tuple[int, int]
     headers: Mapping[str, str]  # looked up by lower-case name: the first value
     fields: list[tuple[str, str]]  # as sent, in order
@@ -47,21 +46,7 @@ class Request:
     upgrade: bool = False
 
 
-def from_message(message: RawRequestMessage) -> Request:
-    """A request llhttp parsed."""
-    return Request(
-        message.method,
-        message.path,
-        message.url.path,
-        (message.version.major, message.version.minor),
-        message.headers,
-        list(message.headers.items()),
-        message.should_close,
-        message.upgrade,
-    )
-
-
-def quick(buffer: bytes | bytearray) -> tuple[Request, int, int] | str | None:
+def quick(buffer: bytes | bytearray) -> tuple[ClientRequest, int, int] | str | None:
     """(request, where its body starts, Content-Length); MORE; or None: for llhttp.
     Plain bytes methods, not a regex per field: on a cold cache each one costs."""
     end = buffer.find(b"\r\n\r\n", 0, HEAD_LIMIT)
@@ -104,7 +89,7 @@ def quick(buffer: bytes | bytearray) -> tuple[Request, int, int] | str | None:
         return None
     tokens = {t.strip() for t in connection.split(",")}
     path = line[2].decode("ascii")
-    request = Request(
+    request = ClientRequest(
         line[1].decode("ascii"),
         path + line[3].decode("ascii") if line[3] else path,
         path,

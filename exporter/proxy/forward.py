@@ -16,15 +16,18 @@ import time
 from http import HTTPStatus
 from typing import Any
 
-from exporter import accounting, logs
-from exporter.accounting import Accounting
+from exporter import logs
 from exporter.config import ProxyConfig
-from exporter.counts import from_spec_object
-from exporter.downstream import Client, date_header
-from exporter.request import Request
-from exporter.routes import Router
-from exporter.sse import StreamTap
-from exporter.upstream import Broken, Exchange, Head, Upstream
+from exporter.core.counts import from_spec_object
+from exporter.proxy import accounting
+from exporter.proxy.accounting import Accounting
+from exporter.proxy.connection import ClientConnection
+from exporter.proxy.framing import Head
+from exporter.proxy.request import ClientRequest
+from exporter.proxy.routes import Router
+from exporter.proxy.sse import StreamTap
+from exporter.proxy.upstream import Broken, Exchange, Upstream
+from exporter.proxy.writer import ResponseWriter, date_header
 
 HOP_BY_HOP = frozenset(
     (
@@ -67,7 +70,7 @@ class Proxy:
         self.refused = 0
         self.upstream = Upstream(config.upstream, config.connect_timeout, config.read_timeout)
         self._server: asyncio.Server | None = None
-        self._clients: set[Client] = set()
+        self._clients: set[ClientConnection] = set()
 
     async def start(self) -> None:
         host, port = self.config.listen
@@ -82,23 +85,23 @@ class Proxy:
             client.close()
         self.upstream.close()
 
-    def _client(self) -> Client:
-        client = Client(self, self.config.max_body_bytes, self._clients.discard)
+    def _client(self) -> ClientConnection:
+        client = ClientConnection(self, self.config.max_body_bytes, self._clients.discard)
         self._clients.add(client)
         return client
 
-    def refuse(self, client: Client, status: int, message: str, kind: str) -> None:
+    def refuse(self, writer: ResponseWriter, status: int, message: str, kind: str) -> None:
         self.refused += 1
-        _error(client, status, message, kind)
+        _error(writer, status, message, kind)
 
-    def begin(self, client: Client, request: Request, body: bytes) -> _Call | None:
+    def begin(self, writer: ResponseWriter, request: ClientRequest, body: bytes) -> _Call | None:
         """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
         method, target, path = request.method, request.target, request.path
         if method == "CONNECT" or not target.startswith("/"):
             # never an open proxy: these never reach routing
             self.refuse(
-                client,
+                writer,
                 400,
                 "this proxy forwards only to its configured upstream",
                 "BadRequestError",
@@ -114,7 +117,7 @@ class Proxy:
         if completion and parsed is not None and parsed.get("stream") is True:
             body, strip = self._inject(parsed, body)
         headers = [(k, v) for k, v in request.fields if k.lower() not in HOP_BY_HOP]
-        call = _Call(self, client, method)
+        call = _Call(self, writer, method)
         call.exchange = self.upstream.send(method, target, headers, body, call)
         # the rest can wait until the request is on its way: no response byte comes before
         if strip is not None:
@@ -185,9 +188,9 @@ class _Call:
     client's `Call`. A response with a Content-Length is relayed whole (a non-streamed
     completion is decoded for its usage); any other is streamed, SSE event by event."""
 
-    def __init__(self, proxy: Proxy, client: Client, method: str) -> None:
+    def __init__(self, proxy: Proxy, writer: ResponseWriter, method: str) -> None:
         self.proxy = proxy
-        self.client = client
+        self.writer = writer
         self.method = method
         self.tap: StreamTap | None = None  # on streamed completions
         self.exchange: Exchange | None = None
@@ -204,7 +207,7 @@ class _Call:
         if whole or self.method == "HEAD":
             self._whole = []
         else:
-            self.client.start_stream(head.status, head.reason, self._headers)
+            self.writer.start_stream(head.status, head.reason, self._headers)
 
     def data(self, data: bytes) -> bool:
         if self._whole is not None:
@@ -213,8 +216,8 @@ class _Call:
         if self.tap is not None:
             data = self.tap.feed(data)
         if data:
-            self.client.send(data)
-        return not self.client.paused
+            self.writer.send(data)
+        return not self.writer.paused
 
     def end(self) -> None:
         head = self._head
@@ -226,14 +229,14 @@ class _Call:
             length = head.get("Content-Length")
             if self.method == "HEAD" and length is not None:  # what a GET would have sent
                 headers.append(("Content-Length", length))
-            self.client.respond(
+            self.writer.respond(
                 head.status, head.reason, headers, body, head_only=self.method == "HEAD"
             )
             if head.status == 200 and self.tap is None and self.account is not None:
                 doc = _json_object(body)
         else:
             rest = self.tap.flush() if self.tap is not None else b""
-            self.client.end_stream(rest)
+            self.writer.end_stream(rest)
             doc = self.tap.usage if self.tap is not None else None
         self._done(str(head.status), doc)
 
@@ -241,20 +244,20 @@ class _Call:
         proxy = self.proxy
         if isinstance(error, TimeoutError):
             proxy.upstream_errors["timeout"] += 1
-            _error(self.client, 504, "upstream timed out", "GatewayTimeout")
+            _error(self.writer, 504, "upstream timed out", "GatewayTimeout")
             self._done("504", None)
         elif isinstance(error, Broken):
             proxy.upstream_errors["broken"] += 1  # upstream broke mid-response
             proxy.log.warning("upstream response broken", error=str(error))
             if self._whole is not None:  # nothing went to the client yet
-                _error(self.client, 502, "upstream response broken", "BadGateway")
+                _error(self.writer, 502, "upstream response broken", "BadGateway")
             else:
-                self.client.abort()  # the client must see the break, not a clean end
+                self.writer.abort()  # the client must see the break, not a clean end
             self._done("502", None)
         else:
             proxy.upstream_errors["connection"] += 1
             proxy.log.warning("upstream unreachable", error=type(error).__name__)
-            _error(self.client, 502, "upstream unreachable", "BadGateway")
+            _error(self.writer, 502, "upstream unreachable", "BadGateway")
             self._done("502", None)
 
     # the client's side
@@ -295,9 +298,9 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _error(client: Client, status: int, message: str, kind: str) -> None:
+def _error(writer: ResponseWriter, status: int, message: str, kind: str) -> None:
     """OpenAI-shaped error, like vLLM's own."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     reason = HTTPStatus(status).phrase
     headers = [("Content-Type", "application/json"), date_header()]
-    client.respond(status, reason, headers, json.dumps(body).encode())
+    writer.respond(status, reason, headers, json.dumps(body).encode())

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.counts import Counts
-from exporter.engines import Page, RawSeries, SeriesKey
+from exporter.core.counts import Counts
+from exporter.scrape.families import Page, RawSeries, SeriesKey
 
 
 @dataclass(slots=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from exporter.counts import Counts
-from exporter.exposition import scan
+from exporter.config import ENGINE_KINDS
+from exporter.core.counts import Counts
+from exporter.scrape.exposition import scan
 
-ENGINE_KINDS = ("vllm", "llamacpp", "trtllm")
 DEFAULT_PREFIX = {"vllm": "vllm:", "llamacpp": "llamacpp:", "trtllm": "trtllm_"}
 
 

@@ -15,10 +15,10 @@ import aiohttp
 
 from exporter import logs
 from exporter.config import Target, redact
-from exporter.counters import CounterStore
-from exporter.counts import Counts
-from exporter.engines import EngineFamilies, families, read_page
-from exporter.windows import History, Window
+from exporter.core.counts import Counts
+from exporter.core.windows import History, Window
+from exporter.scrape.families import EngineFamilies, families, read_page
+from exporter.scrape.totals import CounterStore
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
 Clock = Callable[[], float]

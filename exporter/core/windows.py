@@ -8,13 +8,12 @@ derived gauges once the window has passed, instead of showing stale numbers as l
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from exporter.engines import SeriesKey
+from exporter.core.durations import parse_duration
 
 
 class Subtractable(Protocol):
@@ -22,8 +21,7 @@ class Subtractable(Protocol):
 
 
 V = TypeVar("V", bound=Subtractable)
-
-_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?")
+Key = tuple[str, str]  # two label values: (model_name, engine) of a target, (route, model_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,15 +33,11 @@ class Window:
 
 
 def parse_window(text: str) -> Window:
-    """'90s', '5m', '1h', '1h30m' -> Window; ValueError for anything else."""
-    match = _DURATION.fullmatch(text)
-    if not text or match is None:
-        raise ValueError(f"not a duration like 30s, 5m or 1h: {text!r}")
-    hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    length = hours * 3600 + minutes * 60 + seconds
+    """'90s', '5m', '1h30m', '500ms' (Prometheus' grammar) -> Window; ValueError otherwise."""
+    length = parse_duration(text)
     if length <= 0:
         raise ValueError(f"a window must be longer than zero: {text!r}")
-    return Window(text, float(length))
+    return Window(text, length)
 
 
 DEFAULT_WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
@@ -55,15 +49,15 @@ class History(Generic[V]):
     def __init__(self, windows: Sequence[Window]) -> None:
         self.windows = tuple(windows)
         self._keep = max((w.seconds for w in self.windows), default=0.0)
-        self._ring: deque[tuple[float, Mapping[SeriesKey, V]]] = deque()
+        self._ring: deque[tuple[float, Mapping[Key, V]]] = deque()
 
-    def record(self, t: float, snapshot: Mapping[SeriesKey, V]) -> None:
+    def record(self, t: float, snapshot: Mapping[Key, V]) -> None:
         self._ring.append((t, snapshot))
         # drop what no window needs: keep one snapshot at or before the longest window's start
         while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:
             self._ring.popleft()
 
-    def increase(self, window: Window, now: float) -> dict[SeriesKey, V]:
+    def increase(self, window: Window, now: float) -> dict[Key, V]:
         """Per series, the increase over `window` ending at `now`; empty when it holds no data."""
         if not self._ring or self._ring[-1][0] < now - window.seconds:
             return {}
@@ -80,7 +74,7 @@ class History(Generic[V]):
                 result[key] = counts - base
         return result
 
-    def _baseline(self, since: float) -> Mapping[SeriesKey, V]:
+    def _baseline(self, since: float) -> Mapping[Key, V]:
         chosen = self._ring[0][1]
         for t, snap in self._ring:
             if t > since:

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from exporter.counts import Counts
+from exporter.core.counts import Counts
 from exporter.sim.metrics import EngineMetrics
 from exporter.sim.profiles import DEFAULT_PROFILES, Profile
 

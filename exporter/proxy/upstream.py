@@ -13,32 +13,19 @@ timeout.
 from __future__ import annotations
 
 import asyncio
-import functools
 import ssl
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
-MAX_HEAD = 64 * 1024  # bytes of status line and headers
+from exporter.proxy.framing import FramingError, Head, ResponseFramer
+
 KEEPALIVE = 4.0  # s: reuse an idle connection only this long; uvicorn closes them after 5 s
 MAX_IDLE = 256  # idle connections kept
-_HEX = b"0123456789abcdefABCDEF"
 
 
 class Broken(Exception):
     """The upstream connection failed after the response head."""
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    status: int
-    reason: str
-    headers: list[tuple[str, str]]  # as sent
-    fields: dict[str, str]  # lower-case name -> its first value
-
-    def get(self, name: str) -> str | None:
-        return self.fields.get(name.lower())
 
 
 class Receiver(Protocol):
@@ -179,12 +166,11 @@ class _Connection(asyncio.Protocol):
         self.pool._release(self, reusable and self.transport is not None)
 
 
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
-
-
 class Exchange:
-    """One request and its response: the head, then the body, handed to the receiver as they
-    arrive. The read timeout is the longest silence allowed from upstream."""
+    """One request and its response on a pooled connection: the head, then the body, handed to
+    the receiver as they arrive (framed by a `ResponseFramer`), with the connect, the one retry
+    on a stale pooled connection, back-pressure and the read timeout around it. The read timeout
+    is the longest silence allowed from upstream."""
 
     def __init__(self, pool: Upstream, method: str, request: bytes, receiver: Receiver) -> None:
         self._pool = pool
@@ -197,11 +183,8 @@ class Exchange:
         self._timer: asyncio.TimerHandle | None = None
         self._reused = False
         self._last = 0.0
-        self._state = _HEAD
-        self._buffer = b""
-        self._left = 0  # body bytes left: Content-Length or the current chunk
-        self._keep_alive = False
-        self._new_head: Head | None = None  # parsed, not yet told
+        self._framer = ResponseFramer(method)
+        self._over = False  # ended, failed or aborted: nothing more is reported
         self._headed = False
         self._paused = False
         self.received = 0  # bytes from upstream
@@ -233,9 +216,9 @@ class Exchange:
     def abort(self) -> None:
         """The receiver is done with it (its client is gone): drop the connection unless the
         response already ended, so vLLM aborts the request. Nothing more is reported."""
-        if self._state == _DONE:
+        if self._over:
             return
-        self._state = _DONE
+        self._over = True
         self._stop()
 
     # ------------------------------------------------------------ the connection's side
@@ -243,28 +226,28 @@ class Exchange:
     def feed(self, data: bytes) -> None:
         self.received += len(data)
         self._last = self._loop.time()
+        framer = self._framer
         try:
-            body = self._parse(data)
-        except ValueError as exc:
+            body = framer.feed(data)
+        except FramingError as exc:
             self._fail(Broken(f"malformed response: {exc}"))
             return
-        if (head := self._new_head) is not None:
-            self._new_head = None
+        if not self._headed and framer.head is not None:
             self._headed = True
-            self._receiver.head(head)
+            self._receiver.head(framer.head)
             if self._conn is None:
                 return  # aborted by the receiver
         if body and not self._receiver.data(body):
             self._pause()  # the client is full: stop reading upstream
-        if self._state == _DONE and self._conn is not None:
+        if framer.done and self._conn is not None:
             self._end()
 
     def lost(self) -> None:
-        if self._state == _UNTIL_CLOSE:
-            self._keep_alive = False
-            self._state = _DONE
+        if self._over:
+            return
+        if self._framer.closed():
             self._end()
-        elif self._state != _DONE:
+        else:
             self._fail(Broken("upstream closed the connection"))
 
     # ------------------------------------------------------------ internals
@@ -286,23 +269,24 @@ class Exchange:
 
     def _end(self) -> None:
         conn, self._conn = self._conn, None
+        self._over = True
         if self._timer is not None:
             self._timer.cancel()
         assert conn is not None
         if self._paused and conn.transport is not None:  # back to the pool reading
             conn.transport.resume_reading()
-        conn.finished(self._keep_alive and not self._buffer)
+        conn.finished(self._framer.reusable)
         self._receiver.end()
 
     def _fail(self, error: BaseException) -> None:
-        if self._conn is None and self._connecting is None and self._state == _DONE:
+        if self._over:
             return  # already ended, failed or aborted
         retry = self._reused and not self.received and isinstance(error, Broken)
-        self._state = _DONE
+        self._over = True
         self._stop()
         if retry:  # the pooled connection was closed under us: once more on a fresh one
             self._reused = False
-            self._state = _HEAD
+            self._over = False
             self.connect()
         elif self._headed:
             self._receiver.fail(error if isinstance(error, Broken) else Broken(str(error)))
@@ -331,102 +315,3 @@ class Exchange:
             self._fail(Broken("upstream read timed out") if self._headed else TimeoutError())
         else:
             self._timer = self._loop.call_at(deadline, self._check_idle)
-
-    def _parse(self, data: bytes) -> bytes:
-        """Consume `data`; return the body bytes it completes (de-chunked)."""
-        out: list[bytes] = []
-        pos = 0
-        if self._state == _CHUNK_SIZE and not self._buffer:
-            # the common reads of a stream: whole chunks (vLLM writes one SSE event per chunk,
-            # several arrive together under load), taken without the state machine
-            while (line := data.find(b"\r\n", pos, pos + 18)) > pos:
-                size = _chunk_size(data[pos:line])
-                end = line + 2 + size
-                if not size or data[end : end + 2] != b"\r\n":
-                    break
-                out.append(data[line + 2 : end])
-                pos = end + 2
-            if pos == len(data):
-                return b"".join(out) if len(out) != 1 else out[0]
-        buffer = self._buffer + data if self._buffer else data
-        while pos < len(buffer):
-            state = self._state
-            if state in (_CHUNK_DATA, _LENGTH):
-                end = min(len(buffer), pos + self._left)
-                out.append(buffer[pos:end])
-                self._left -= end - pos
-                pos = end
-                if self._left == 0:
-                    self._state = _CHUNK_END if state == _CHUNK_DATA else _DONE
-            elif state == _UNTIL_CLOSE:
-                out.append(buffer[pos:])
-                pos = len(buffer)
-            elif state == _DONE:
-                break  # bytes after the response: left in the buffer, the connection is dropped
-            else:
-                end = buffer.find(b"\r\n\r\n" if state == _HEAD else b"\r\n", pos)
-                if end == -1:
-                    if len(buffer) - pos > MAX_HEAD:
-                        raise ValueError("header or chunk line too long")
-                    break
-                if state == _HEAD:
-                    self._on_head(buffer[pos:end])
-                    pos = end + 4
-                elif state == _CHUNK_SIZE:
-                    self._left = _chunk_size(buffer[pos:end])
-                    self._state = _CHUNK_DATA if self._left else _TRAILER
-                    pos = end + 2
-                elif state == _CHUNK_END:
-                    if end != pos:
-                        raise ValueError("chunk longer than its size")
-                    self._state = _CHUNK_SIZE
-                    pos = end + 2
-                else:  # _TRAILER: lines until an empty one
-                    self._state = _DONE if end == pos else _TRAILER
-                    pos = end + 2
-        self._buffer = buffer[pos:]
-        return b"".join(out) if len(out) != 1 else out[0]
-
-    def _on_head(self, raw: bytes) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise ValueError(f"bad status line {lines[0][:80]!r}")
-        status = int(code)
-        headers = []
-        fields: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                raise ValueError(f"bad header line {line[:80]!r}")
-            value = value.strip()
-            headers.append((name, value))
-            fields.setdefault(name.lower(), value)
-        head = Head(status, reason, headers, fields)
-        if status < 200:
-            return  # interim (103 Early Hints): the real head follows
-        connection = (head.get("connection") or "").lower()
-        self._keep_alive = version == "HTTP/1.1" and "close" not in connection
-        length = head.get("content-length")
-        if self._method == "HEAD" or status in (204, 304):
-            self._state = _DONE
-        elif "chunked" in (head.get("transfer-encoding") or "").lower():
-            self._state = _CHUNK_SIZE
-        elif length is not None:
-            if not length.isdigit():
-                raise ValueError(f"bad Content-Length {length[:20]!r}")
-            self._left = int(length)
-            self._state = _LENGTH if self._left else _DONE
-        else:
-            self._state = _UNTIL_CLOSE
-        self._new_head = head
-
-
-@functools.lru_cache(maxsize=1024)  # a stream repeats a few sizes; C lookup, no re-parsing
-def _chunk_size(line: bytes) -> int:
-    """A chunk-size line's size: hex digits only (int() would also take a sign, 0x, _)."""
-    size = line.split(b";", 1)[0].rstrip(b" \t")
-    if not size or size.strip(_HEX):
-        raise ValueError(f"bad chunk size {line[:20]!r}")
-    return int(size, 16)

@@ -9,8 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.counts import Counts, ratios, total
-from exporter.scrape import TargetState
+from exporter.core.counts import Counts, ratios, total
+from exporter.scrape.target import TargetState
 
 ERROR_REASONS = ("timeout", "connection", "http_status", "protocol", "too_large", "no_spec_metrics")
 ALL_ENGINES = "all"  # the `engine` label of gauges derived from the sum over a model's engines

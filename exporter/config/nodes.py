@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.windows import Window, parse_window
+from exporter.core.durations import parse_seconds
+from exporter.core.windows import Window, parse_window
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class Reader:
             raise self.fail(node, key, f"expected {what}, got {node.value!r} ({exc})") from None
 
     def seconds(self, node: yaml.Node, key: str) -> float:
-        value = self.scalar(node, key, _seconds, "a duration such as 1, 2.5, 500ms or 10s")
+        value = self.scalar(node, key, parse_seconds, "a duration such as 1, 2.5, 500ms or 10s")
         if not 0 < value <= 3600:
             raise self.fail(node, key, f"must be between 0 and 1h, got {node.value!r}")
         return value
@@ -105,11 +106,3 @@ class Reader:
         if not isinstance(node, yaml.SequenceNode) or not node.value:
             raise self.fail(node, key, "expected a non-empty list")
         return list(node.value)
-
-
-def _seconds(text: str) -> float:
-    """'2', '2.5', '500ms', '10s', '1m' -> seconds."""
-    for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * scale
-    return float(text)

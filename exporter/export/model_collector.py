@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.config import ModelConfig
-from exporter.payoff import breakeven_acceptance, decode_ceiling
+from exporter.core.payoff import breakeven_acceptance, decode_ceiling
 
 
 class ModelCollector(Collector):

@@ -12,12 +12,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from exporter.accounting import Accounting
 from exporter.config import ModelConfig
-from exporter.counts import Counts, ratios, total
-from exporter.payoff import estimated_speedup
-from exporter.proxy import Proxy
-from exporter.scrape import TargetState
+from exporter.core.counts import Counts, ratios, total
+from exporter.core.payoff import estimated_speedup
+from exporter.proxy.accounting import Accounting
+from exporter.proxy.forward import Proxy
+from exporter.scrape.target import TargetState
 
 ROUTE = ["route", "model_name"]
 

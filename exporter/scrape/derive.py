@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exporter.counters import CounterStore
-from exporter.counts import Counts, ratios, total
-from exporter.engines import EngineFamilies, SeriesKey, read_page
+from exporter.core.counts import Counts, ratios, total
+from exporter.scrape.families import EngineFamilies, SeriesKey, read_page
+from exporter.scrape.totals import CounterStore
 
 
 def delta(before: str, after: str, fams: EngineFamilies) -> dict[SeriesKey, Counts]:

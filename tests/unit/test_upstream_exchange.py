@@ -1,58 +1,21 @@
-"""The upstream client's response framing: whatever the read boundaries, the body handed on is
-the body sent, the end is found exactly, and a malformed response fails the exchange."""
+"""An upstream exchange around its framer: whatever the read boundaries, the receiver gets the
+body sent and the end exactly, the connection goes back to the pool only when the response
+allows it, a malformed response fails the exchange (a 502 before the head, a broken response
+after it), back-pressure pauses reading, and an abort drops the connection.
+The framer alone: test_response_framer.py."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.upstream import Broken, Exchange
+from exporter.proxy.upstream import Broken, Exchange
 from tests.receiver import Gather
-
-SSE = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', b"data: [DONE]\n\n"]
-CHUNKED_BODY = b"".join(SSE)
-
-RESPONSES: dict[str, tuple[str, bytes, bytes, bool]] = {
-    # name: (method, raw response, body, reusable afterwards)
-    "length": ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello", True),
-    "empty length": ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", b"", True),
-    "chunked": (
-        "POST",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in SSE)
-        + b"0\r\n\r\n",
-        CHUNKED_BODY,
-        True,
-    ),
-    "chunk extensions and trailers": (
-        "POST",
-        b"HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n"
-        b"5;name=value\r\nhello\r\n1\r\n!\r\n0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n",
-        b"hello!",
-        True,
-    ),
-    "until close": ("GET", b"HTTP/1.0 200 OK\r\n\r\nall of it", b"all of it", False),
-    "connection close": (
-        "GET",
-        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
-        b"ok",
-        False,
-    ),
-    "head": ("HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n", b"", True),
-    "no content": ("DELETE", b"HTTP/1.1 204 No Content\r\n\r\n", b"", True),
-    "early hints": (
-        "GET",
-        b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
-        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
-        b"ok",
-        True,
-    ),
-}
+from tests.unit.responses import CHUNKED_BODY, RESPONSES, SSE, split
 
 
 class FakeTransport:
@@ -103,11 +66,6 @@ def exchange_on(method: str, receiver: Gather) -> tuple[Exchange, FakeConnection
     exchange.attach(conn, reused=False)  # type: ignore[arg-type]
     assert conn.transport.written == b"request"
     return exchange, conn
-
-
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
 
 
 def run(method: str, pieces: list[bytes], close_at_end: bool) -> tuple[Gather, FakeConnection]:

@@ -14,9 +14,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.engines import ENGINE_KINDS
-from exporter.windows import DEFAULT_WINDOWS, Window
-from exporter.yamlnodes import ConfigError, Reader
+from exporter.config.nodes import ConfigError, Reader
+from exporter.core.windows import DEFAULT_WINDOWS, Window
 
 __all__ = ["Config", "ConfigError", "ModelConfig", "ProxyConfig", "Route", "Target", "load"]
 
@@ -25,6 +24,7 @@ DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
 DEFAULT_INTERVAL = 1.0
 DEFAULT_TIMEOUT = 2.0
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+ENGINE_KINDS = ("vllm", "llamacpp", "trtllm")  # `engine:` of a target: whose counter names
 CONDITIONS = ("header", "path_prefix", "model", "user", "api_key_sha256_prefix")
 
 

@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from exporter.counts import Counts
-from exporter.payoff import Decode
-from exporter.windows import History, Window
+from exporter.core.counts import Counts
+from exporter.core.payoff import Decode
+from exporter.core.windows import History, Window
 
 RouteKey = tuple[str, str]  # (route, model_name)
 OTHER_MODEL = "_other"

@@ -1,0 +1,209 @@
+"""Bytes from one client connection -> its complete requests, in order.
+
+The shape OpenAI clients send is taken by `request.quick`; anything else (pipelined requests
+after the first, chunked bodies, `Expect: 100-continue`, upgrades, malformed heads) by llhttp
+through httptools, the maintained binding uvicorn uses, with aiohttp's server limits on top
+(line and field sizes, header count, RFC 9110 singletons, Host on HTTP/1.1), so what is
+accepted is what an aiohttp server accepts. Bodies are passed on as sent (no decompression);
+chunked bodies are de-chunked here and re-framed with a Content-Length upstream.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import httptools
+
+from exporter.proxy.request import MORE, SINGLETONS, ClientRequest, quick
+
+MAX_LINE = 8190  # bytes of the request target (aiohttp's max_line_size)
+MAX_FIELD = 8190  # bytes of a header field, name and value (aiohttp's max_field_size)
+MAX_HEADERS = 128  # header fields of a request (aiohttp's max_headers)
+MAX_HEAD = MAX_LINE + MAX_HEADERS * (MAX_FIELD + 4)  # bytes before a head must be complete
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request that cannot be served: answered with `status`, then the connection closes."""
+
+    status: int
+    message: str
+    kind: str  # the error `type` in vLLM's error shape
+
+
+class _Invalid(Exception):
+    """Raised from a parser callback: llhttp stops and `feed_data` raises it on."""
+
+
+class RequestReader:
+    """Feeds on a connection's reads; `ready` holds complete requests (and, after them, at
+    most one Refusal), oldest first. Once llhttp has seen bytes of a connection it keeps it."""
+
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        self.ready: deque[tuple[ClientRequest, bytes] | Refusal] = deque()
+        self.upgraded = False  # the rest of the bytes belong to another protocol: ignored
+        self.wants_continue = False  # the request being read asked for 100 Continue
+        self._raw = bytearray()  # a request `quick` has not got whole yet
+        self._need = 0  # bytes of it needed: its head and Content-Length, once known
+        self._llhttp: Llhttp | None = None
+        self._refused = False
+
+    def feed(self, data: bytes) -> None:
+        if self._refused or self.upgraded:
+            return
+        if self._llhttp is None:
+            data = self._quick(data)
+            if not data:
+                return
+            self._llhttp = Llhttp(self)
+        self._llhttp.feed(data)
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Nothing after a refusal is read: its answer closes the connection."""
+        self._refused = True
+        self.ready.append(refusal)
+
+    def _quick(self, data: bytes) -> bytes:
+        """Take what `quick` can; return the bytes left for llhttp."""
+        raw = self._raw
+        raw += data  # a bytearray: a long body in many reads is not copied over and over
+        if len(raw) < self._need:
+            return b""  # the body is on its way: the head was parsed already
+        got = quick(raw)
+        if got == MORE:
+            return b""
+        if not isinstance(got, tuple):
+            rest = bytes(raw)
+            raw.clear()
+            return rest
+        request, start, length = got
+        if length > self.max_body:
+            raw.clear()
+            self.refuse(too_large(self.max_body))
+            return b""
+        if len(raw) < start + length:
+            self._need = start + length
+            return b""
+        body, rest = bytes(raw[start : start + length]), bytes(raw[start + length :])
+        raw.clear()
+        self._need = 0
+        self.ready.append((request, body))
+        return rest  # pipelined requests: llhttp's from here
+
+
+def too_large(max_body: int) -> Refusal:
+    return Refusal(413, f"request body larger than {max_body} bytes", "RequestEntityTooLarge")
+
+
+class Llhttp:
+    """httptools' callbacks collecting one request at a time for the reader."""
+
+    def __init__(self, reader: RequestReader) -> None:
+        self.reader = reader
+        self.parser = httptools.HttpRequestParser(self)
+        self._url = bytearray()
+        self._fields: list[tuple[str, str]] = []
+        self._name = bytearray()
+        self._value = bytearray()
+        self._body = bytearray()
+        self._request: ClientRequest | None = None
+        self._head_bytes = 0  # fed since the current head began: httptools buffers a field whole
+
+    def feed(self, data: bytes) -> None:
+        if self._request is None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self.reader.refuse(_bad(f"request head longer than {MAX_HEAD} bytes"))
+                return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.reader.upgraded = True  # answered as a plain request; then we close
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__ if isinstance(exc.__context__, _Invalid) else None
+            if cause is not None:
+                self.reader.refuse(cause.args[0])
+            else:
+                self.reader.refuse(Refusal(400, _reason(exc), "BadRequestError"))
+
+    # --- httptools' protocol -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._head_bytes = 0
+        self._url.clear()
+        self._fields = []
+        self._body.clear()
+        self._request = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_LINE:
+            raise _Invalid(_bad(f"request target longer than {MAX_LINE} bytes"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # httptools hands over a field whole (it joins pieces across reads)
+        if len(name) + len(value) > MAX_FIELD:
+            raise _Invalid(_bad(f"header field longer than {MAX_FIELD} bytes"))
+        if b"\x00" in value:
+            raise _Invalid(_bad("NUL byte in a header value"))
+        self._fields.append(
+            (
+                name.decode("utf-8", "surrogateescape"),
+                value.rstrip(b" \t").decode("utf-8", "surrogateescape"),
+            )
+        )
+        if len(self._fields) > MAX_HEADERS:
+            raise _Invalid(_bad("too many headers received"))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        version = (1, 1) if parser.get_http_version() == "1.1" else (1, 0)
+        headers: dict[str, str] = {}
+        for name, value in self._fields:
+            lower = name.lower()
+            if lower not in headers:
+                headers[lower] = value
+            elif lower in SINGLETONS:
+                raise _Invalid(_bad(f"Duplicate '{name}' header found."))
+        if version == (1, 1) and "host" not in headers:
+            raise _Invalid(_bad("Missing 'Host' header in request."))
+        target = self._url.decode("utf-8", "surrogateescape")
+        path = target.split("?", 1)[0] if target.startswith("/") else target
+        self._request = ClientRequest(
+            parser.get_method().decode("ascii", "replace"),
+            target,
+            path,
+            version,
+            headers,
+            self._fields,
+            not parser.should_keep_alive(),
+            parser.should_upgrade(),
+        )
+        declared = headers.get("content-length", "0")
+        if declared.isdigit() and int(declared) > self.reader.max_body:
+            raise _Invalid(too_large(self.reader.max_body))
+        self.reader.wants_continue = (
+            version == (1, 1) and headers.get("expect", "").lower() == "100-continue"
+        )
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+        if len(self._body) > self.reader.max_body:
+            raise _Invalid(too_large(self.reader.max_body))
+
+    def on_message_complete(self) -> None:
+        assert self._request is not None
+        self.reader.wants_continue = False
+        self.reader.ready.append((self._request, bytes(self._body)))
+
+
+def _bad(message: str) -> Refusal:
+    return Refusal(400, message, "BadRequestError")
+
+
+def _reason(exc: httptools.HttpParserError) -> str:
+    """llhttp's own words ("Invalid method encountered"), without its error code."""
+    text = str(exc) or "bad request"
+    return text.split(": ", 1)[-1] if text.startswith("HPE_") else text
