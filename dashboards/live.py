@@ -21,7 +21,6 @@ class Query:
     dashboard: str
     panel_id: int
     panel: str
-    panel_type: str
     ref: str
     expr: str
     instant: bool
@@ -41,7 +40,6 @@ def panel_queries(data: JSON) -> list[Query]:
                         dashboard=str(data["uid"]),
                         panel_id=int(panel["id"]),
                         panel=str(panel.get("title", "")),
-                        panel_type=str(panel["type"]),
                         ref=str(target["refId"]),
                         expr=str(target["expr"]),
                         instant=bool(target.get("instant")) and not target.get("range"),
@@ -59,10 +57,6 @@ def annotation_queries(data: JSON) -> list[str]:
         for a in data.get("annotations", {}).get("list", [])
         if isinstance(a.get("target"), dict) and "expr" in a["target"]
     ]
-
-
-def variable_names(data: JSON) -> list[str]:
-    return [str(v["name"]) for v in data.get("templating", {}).get("list", [])]
 
 
 BUILTINS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}

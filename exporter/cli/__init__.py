@@ -13,8 +13,6 @@ from exporter.cli.common import EXIT_USAGE
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["dashboards"]:  # dashboards/build.py has its own parser
-        return generate.dashboards(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.verb is None:

@@ -5,6 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import TypeAlias
 
+from exporter.core.durations import parse_seconds
+
 EXIT_USAGE = 2
 # the `verbs` of `specdec <verb>`, handed to each verb module's register()
 Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def duration(text: str) -> float:
+    """argparse type of a duration flag: seconds (2.5) or Prometheus' grammar (500ms, 1m30s)."""
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from exporter.cli.common import Verbs
+from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.core.durations import parse_duration
+
+EXIT_STALE = 1
 
 
 def register(verbs: Verbs) -> None:
@@ -27,12 +31,50 @@ def register(verbs: Verbs) -> None:
         help="write nothing; exit 1 if a committed file differs from the generated one",
     )
     p.set_defaults(run=rules)
-    dashboards_verb = verbs.add_parser(
+    d = verbs.add_parser(
         "dashboards",
-        add_help=False,  # its own parser (dashboards/build.py) explains --check, --preview, ...
-        help="generate, check or preview the Grafana dashboards (see `specdec dashboards --help`)",
+        help="generate, check or preview the Grafana dashboards",
+        description="Write the Grafana dashboards (dashboards/<uid>.json) from their grafanalib "
+        "sources; --check compares instead of writing; --preview renders PNGs from a live "
+        "Prometheus.",
     )
-    dashboards_verb.set_defaults(run=lambda _: dashboards([]))
+    d.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 listing the JSON files that differ from the sources",
+    )
+    d.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="where the JSON goes (default: next to the sources, the dashboards package)",
+    )
+    d.add_argument(
+        "--preview",
+        type=Path,
+        metavar="DIR",
+        help="render one PNG per dashboard into DIR (needs matplotlib and --prometheus)",
+    )
+    d.add_argument(
+        "--prometheus",
+        default="http://127.0.0.1:9090",
+        metavar="URL",
+        help="Prometheus to query for --preview (default http://127.0.0.1:9090)",
+    )
+    d.add_argument(
+        "--range",
+        default="1h",
+        metavar="DURATION",
+        help="time range of the preview's time series, e.g. 15m, 1h (default 1h)",
+    )
+    d.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=REGEX",
+        help="a dashboard variable's value for --preview, e.g. job=specdec (default .*, All)",
+    )
+    d.set_defaults(run=dashboards)
 
 
 def rules(args: argparse.Namespace) -> int:
@@ -41,11 +83,41 @@ def rules(args: argparse.Namespace) -> int:
     stale = write(args.root, args.check)
     for path in stale:
         print(f"{'stale' if args.check else 'wrote'}: {path}")
-    return 1 if args.check and stale else 0
+    return EXIT_STALE if args.check and stale else 0
 
 
-def dashboards(argv: list[str]) -> int:
-    """`specdec dashboards ...` is dashboards/build.py's own command line."""
-    from dashboards.build import main as build
+def dashboards(args: argparse.Namespace) -> int:
+    from dashboards import build
 
-    return build(argv)
+    if args.preview is not None:
+        return _preview(args)
+    changed = build.write(args.out or build.DIRECTORY, check=args.check)
+    for path in changed:
+        if args.check:
+            print(f"{path}: differs from the dashboard sources; run `specdec dashboards`")
+        else:
+            print(f"wrote {path}")
+    return EXIT_STALE if args.check and changed else 0
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from dashboards import build
+    from dashboards.live import PrometheusError
+
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        print(
+            "specdec dashboards --preview needs matplotlib: pip install matplotlib "
+            "(or the project's test extra)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        values, range_s = build.variables(args.var), parse_duration(args.range)
+        for path in build.previews(args.prometheus, args.preview, values, range_s):
+            print(f"wrote {path}")
+    except (PrometheusError, ValueError) as exc:
+        print(f"specdec dashboards --preview: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0

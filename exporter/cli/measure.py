@@ -1,11 +1,21 @@
-"""`specdec measure`: the published per-scenario table against any endpoint."""
+"""`specdec measure`: the published per-scenario table against any endpoint. Bad input gets
+a clear error (exit 2); Ctrl-C prints what was measured so far."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
-from exporter.cli.common import Verbs
-from exporter.measure import command
+from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.measure.report import Roofline, document, plot, to_csv, to_json, to_table
+from exporter.measure.runner import MeasureError, Plan, ScenarioResult, measure
+from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_file
+
+EXIT_FAILED = 1
 
 
 def register(verbs: Verbs) -> None:
@@ -101,4 +111,91 @@ def register(verbs: Verbs) -> None:
         metavar="FILE.png",
         help="also draw decode tok/s and acceptance per scenario (needs matplotlib)",
     )
-    p.set_defaults(run=command.run)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        scenarios = _scenarios(args.scenario, args.scenario_file)
+        baseline_file = _baseline_file(args.baseline_file) if args.baseline_file else None
+    except (ScenarioError, ValueError) as exc:
+        print(f"specdec measure: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.runs < 1 or args.concurrency < 1:
+        print("specdec measure: --runs and --concurrency must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    if (args.bytes_per_token is None) != (args.bandwidth is None):
+        print("specdec measure: give --bytes-per-token and --bandwidth together", file=sys.stderr)
+        return EXIT_USAGE
+    roofline = Roofline(args.bytes_per_token, args.bandwidth) if args.bandwidth else None
+    plan = Plan(args.runs, args.concurrency, args.temperature)
+    base = args.base_url.rstrip("/")
+    spec: list[ScenarioResult] = []
+    plain: list[ScenarioResult] = []
+    code = 0
+    metrics_url = args.metrics_url or f"{base}/metrics"
+    plain_base = args.baseline_url.rstrip("/") if args.baseline_url else None
+    try:
+        for scenario in scenarios:  # interleaved with the baseline, so both see the same load
+            runs = [(base, metrics_url, args.model, spec)]
+            if plain_base:
+                runs.append((plain_base, f"{plain_base}/metrics", None, plain))
+            for url, metrics, model, into in runs:
+                job = measure(url, metrics, [scenario], model, plan, into)
+                asyncio.run(job)
+    except MeasureError as exc:
+        print(f"specdec measure: {exc}", file=sys.stderr)
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        print("\nspecdec measure: interrupted; what was measured so far:", file=sys.stderr)
+        code = 130
+    rows = [r.row() for r in spec if r.results]
+    if not rows:
+        return code or EXIT_FAILED
+    baseline = (
+        baseline_file
+        if baseline_file is not None
+        else ([r.row() for r in plain if r.results] or None)
+    )
+    doc = document(rows, baseline, roofline)
+    failures = [f for r in spec for f in r.failures]
+    if failures:
+        print(
+            f"specdec measure: {len(failures)} request(s) failed, e.g. {failures[0]}",
+            file=sys.stderr,
+        )
+    print(to_json(doc) if args.json else to_csv(doc) if args.csv else to_table(doc, args.model))
+    if args.plot:
+        try:
+            plot(doc, args.plot)
+        except ImportError:
+            print(
+                "specdec measure: --plot needs matplotlib (pip install 'specdec[plot]')",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+    return code
+
+
+def _scenarios(names: list[str], files: list[Path]) -> list[Scenario]:
+    found: list[Scenario] = []
+    for name in names:
+        try:
+            found.append(builtin(name))
+        except KeyError as exc:
+            raise ScenarioError(str(exc.args[0])) from None
+    for path in files:
+        found.extend(load_file(path))
+    if not found:
+        raise ScenarioError("give at least one --scenario (ja_chat, code_agent) or --scenario-file")
+    return found
+
+
+def _baseline_file(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows = data["scenarios"]
+        assert isinstance(rows, list) and all("decode_tokens_per_second_median" in r for r in rows)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+        raise ValueError(f"{path}: not a `specdec measure --json` output ({exc})") from None
+    return rows

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, Verbs
-from exporter.config import DEFAULT_LISTEN, Config, ConfigError, from_flags, load
+from exporter.cli.common import EXIT_USAGE, Verbs, duration
+from exporter.config import DEFAULT_INTERVAL, DEFAULT_LISTEN, Config, ConfigError, from_flags, load
 
 
 def register(verbs: Verbs) -> None:
@@ -38,10 +39,11 @@ def register(verbs: Verbs) -> None:
     )
     p.add_argument(
         "--interval",
-        type=float,
-        default=1.0,
-        metavar="SECONDS",
-        help="seconds between scrapes of each --target (default 1)",
+        type=duration,
+        default=DEFAULT_INTERVAL,
+        metavar="DURATION",
+        help="time between scrapes of each --target: seconds (2.5) or a duration such as 500ms "
+        f"or 10s (default {DEFAULT_INTERVAL:g}s)",
     )
     p.add_argument(
         "--window",
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = _serve_config(args)
     except ConfigError as exc:
-        print(f"specdec: config error: {exc}", file=sys.stderr)
+        for message in exc.messages:
+            print(f"specdec: config error: {message}", file=sys.stderr)
         return EXIT_USAGE
     from exporter.sidecar import serve
 
@@ -79,8 +82,7 @@ def _serve_config(args: argparse.Namespace) -> Config:
     if args.config:
         config = load(args.config)
         if args.listen:
-            flags = from_flags([], args.listen, 1.0, None)
-            config = Config(flags.listen, config.targets, config.windows)
+            config = replace(config, listen=from_flags([], args.listen, 1.0, None).listen)
         return config
     if not args.target:
         raise ConfigError(

@@ -1,9 +1,14 @@
-"""Reading YAML node by node, so every error can name the file, the line and the key."""
+"""Reading YAML node by node, so every error can name the file, the line and the key.
+
+Each check takes (reader, node, key) and returns the value or raises ConfigError; a reader
+collects the errors of a whole file (`attempt`), so one run reports all of them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import string
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -12,14 +17,26 @@ from exporter.core.durations import parse_seconds
 from exporter.core.windows import Window, parse_window
 
 T = TypeVar("T")
+Check = Callable[["Reader", yaml.Node, str], Any]
+INVALID: Any = object()  # what `attempt` returns for a value whose check failed
 
 
 class ConfigError(Exception):
-    """A configuration error, located: `file:line: key: message`."""
+    """Configuration errors, located: one `file:line: key: message` line each."""
 
     def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
         where = source if line is None else f"{source}:{line}"
-        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+        self.messages = [f"{where}: {key}: {message}" if key else f"{where}: {message}"]
+        super().__init__(self.messages[0])
+
+    @classmethod
+    def several(cls, errors: Iterable[ConfigError]) -> ConfigError:
+        """One error carrying the lines of `errors`, in order."""
+        errors = list(errors)
+        combined = errors[0]
+        combined.messages = [m for e in errors for m in e.messages]
+        combined.args = ("\n".join(combined.messages),)
+        return combined
 
 
 class Reader:
@@ -27,15 +44,30 @@ class Reader:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.errors: list[ConfigError] = []
 
     def fail(self, node: yaml.Node | None, key: str, message: str) -> ConfigError:
         return ConfigError(
             self.source, None if node is None else node.start_mark.line + 1, key, message
         )
 
+    def attempt(self, check: Check, node: yaml.Node, key: str) -> Any:
+        """`check`'s value, or INVALID with its error kept: the rest of the file is read on."""
+        try:
+            return check(self, node, key)
+        except ConfigError as exc:
+            self.errors.append(exc)
+            return INVALID
+
+    def raise_errors(self) -> None:
+        if self.errors:
+            raise ConfigError.several(self.errors)
+
     def mapping(
         self, node: yaml.Node, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
     ) -> dict[str, yaml.Node]:
+        """The allowed keys of a mapping; unknown, repeated and missing keys are errors (all
+        kept); a node that is not a mapping raises."""
         if not isinstance(node, yaml.MappingNode):
             raise self.fail(node, key, "expected a mapping of key: value")
         result: dict[str, yaml.Node] = {}
@@ -43,13 +75,18 @@ class Reader:
             name = k.value if isinstance(k, yaml.ScalarNode) else None
             where = f"{key}.{name}" if key else str(name)
             if name not in allowed:
-                raise self.fail(k, where, f"unknown key; expected one of: {', '.join(allowed)}")
-            if name in result:
-                raise self.fail(k, where, "given twice")
-            result[name] = v
+                self.errors.append(
+                    self.fail(k, where, f"unknown key; expected one of: {', '.join(allowed)}")
+                )
+            elif name in result:
+                self.errors.append(self.fail(k, where, "given twice"))
+            else:
+                result[name] = v
         for name in required:
             if name not in result:
-                raise self.fail(node, f"{key}.{name}" if key else name, "missing (required)")
+                self.errors.append(
+                    self.fail(node, f"{key}.{name}" if key else name, "missing (required)")
+                )
         return result
 
     def scalar(self, node: yaml.Node, key: str, convert: Callable[[str], T], what: str) -> T:
@@ -59,6 +96,13 @@ class Reader:
             return convert(node.value)
         except ValueError as exc:
             raise self.fail(node, key, f"expected {what}, got {node.value!r} ({exc})") from None
+
+    def sequence(
+        self, node: yaml.Node, key: str, what: str = "a non-empty list"
+    ) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise self.fail(node, key, f"expected {what}")
+        return list(node.value)
 
     def seconds(self, node: yaml.Node, key: str) -> float:
         value = self.scalar(node, key, parse_seconds, "a duration such as 1, 2.5, 500ms or 10s")
@@ -72,6 +116,16 @@ class Reader:
         except ValueError as exc:
             raise self.fail(node, key, str(exc)) from None
 
+    def windows(self, node: yaml.Node, key: str) -> tuple[Window, ...]:
+        items = self.sequence(node, key, "a non-empty list such as [1m, 5m, 15m]")
+        result = []
+        for i, item in enumerate(items):
+            text = self.scalar(item, f"{key}[{i}]", str, "a duration such as 5m")
+            result.append(self.window(text, item, f"{key}[{i}]"))
+        if len({w.seconds for w in result}) != len(result):
+            raise self.fail(node, key, "the same window is given twice")
+        return tuple(result)
+
     def check_url(self, url: str, node: yaml.Node | None, key: str) -> str:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -82,12 +136,18 @@ class Reader:
             raise self.fail(node, key, f"bad port in URL {url!r}") from None
         return url
 
+    def url(self, node: yaml.Node, key: str) -> str:
+        return self.check_url(self.scalar(node, key, str, "a URL"), node, key)
+
     def listen_address(self, text: str, node: yaml.Node | None, key: str) -> tuple[str, int]:
         host, sep, port = text.rpartition(":")
         digits = port.isascii() and port.isdigit() and len(port) <= 5  # int("²") raises
         if not sep or not digits or not 0 < int(port) < 65536:
             raise self.fail(node, key, f"expected HOST:PORT (or :PORT), got {text!r}")
         return (host.strip("[]") or "0.0.0.0", int(port))
+
+    def listen(self, node: yaml.Node, key: str) -> tuple[str, int]:
+        return self.listen_address(self.scalar(node, key, str, "HOST:PORT"), node, key)
 
     def number(self, node: yaml.Node, key: str, low: float, high: float) -> float:
         value = self.scalar(node, key, float, "a number")
@@ -102,7 +162,44 @@ class Reader:
             raise self.fail(node, key, f"use letters, digits and _.:- only, got {text!r}")
         return text
 
-    def sequence(self, node: yaml.Node, key: str) -> list[yaml.Node]:
-        if not isinstance(node, yaml.SequenceNode) or not node.value:
-            raise self.fail(node, key, "expected a non-empty list")
-        return list(node.value)
+    def text(self, node: yaml.Node, key: str) -> str:
+        return self.scalar(node, key, str, "a string")
+
+
+# --- checks, for the `check` of a config field (schema.py) ----------------------------------
+
+
+def number(low: float, high: float) -> Check:
+    return lambda r, node, key: r.number(node, key, low, high)
+
+
+def whole(low: int, high: int) -> Check:
+    def check(r: Reader, node: yaml.Node, key: str) -> int:
+        value = r.number(node, key, low, high)
+        if value != int(value):
+            raise r.fail(node, key, "expected a whole number")
+        return int(value)
+
+    return check
+
+
+def one_of(choices: tuple[str, ...], what: str) -> Check:
+    def check(r: Reader, node: yaml.Node, key: str) -> str:
+        value = r.scalar(node, key, str, what)
+        if value not in choices:
+            raise r.fail(node, key, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+def metric_prefix(r: Reader, node: yaml.Node, key: str) -> str:
+    prefix = r.scalar(node, key, str, "a metric prefix such as vllm:")
+    if not all(c in string.ascii_letters + string.digits + "_:" for c in prefix):
+        raise r.fail(node, key, f"not a metric name prefix: {prefix!r}")
+    return prefix
+
+
+def described(what: str) -> Check:
+    """Any non-empty string, described as `what` when it is missing."""
+    return lambda r, node, key: r.scalar(node, key, str, what)

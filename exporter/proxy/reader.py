@@ -105,8 +105,6 @@ class Llhttp:
         self.parser = httptools.HttpRequestParser(self)
         self._url = bytearray()
         self._fields: list[tuple[str, str]] = []
-        self._name = bytearray()
-        self._value = bytearray()
         self._body = bytearray()
         self._request: ClientRequest | None = None
         self._head_bytes = 0  # fed since the current head began: httptools buffers a field whole

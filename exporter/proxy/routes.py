@@ -27,7 +27,6 @@ class Router:
     def __init__(self, config: ProxyConfig) -> None:
         self.routes = config.routes
         self.default = config.default_route
-        self.needs_body = any(r.model is not None or r.user is not None for r in self.routes)
 
     def match(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any] | None) -> Match:
         key_hash: str | None = None

@@ -20,7 +20,6 @@ from exporter.sim.profiles import Profile, classify
 from exporter.sim.wire import Json, Shapes, error, sse, usage
 
 FAULTS = ("slow_metrics", "http_500", "malformed_metrics", "spec_off", "drop_connection_mid_stream")
-PER_REQUEST_LEVELS = ("none", "summary", "detailed")
 
 
 @dataclass

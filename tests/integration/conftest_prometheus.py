@@ -57,10 +57,6 @@ def recording_rule_names() -> list[str]:
     return [r["record"] for g in rule_groups() for r in g["rules"] if "record" in r]
 
 
-def alert_rules() -> list[dict[str, Any]]:
-    return [r for g in rule_groups() for r in g["rules"] if "alert" in r]
-
-
 def get_json(url: str, timeout: float = 5.0) -> Any:
     with _DIRECT.open(url, timeout=timeout) as resp:
         return json.loads(resp.read())

@@ -41,13 +41,18 @@ def test_the_bad_config_folder_is_complete():
 
 @pytest.mark.parametrize("config", BAD, ids=[p.stem for p in BAD])
 def test_bad_config(config: Path):
-    expected = expected_message(config)
-    assert expected.startswith(config.name + ":"), "an expected message names the file first"
+    """Each expected line names the file first; a file with several errors reports them all,
+    one line each, in the file's order of reading."""
+    expected = expected_message(config).splitlines()
+    assert all(e.startswith(config.name + ":") for e in expected), "a line names the file first"
     with pytest.raises(ConfigError) as info:
         load(config)
-    message = str(info.value)
-    assert expected in message
-    assert message.startswith(str(config))
+    lines = str(info.value).splitlines()
+    assert info.value.messages == lines
+    assert len(lines) == len(expected), lines
+    for got, want in zip(lines, expected, strict=True):
+        assert want in got
+        assert got.startswith(str(config))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,272 @@
+"""The sidecar's configuration as typed dataclasses. Each field declares, once, its YAML key
+(the field name unless `key` says otherwise), its default (the dataclass default) and its
+check; `read` derives the allowed and required keys of every mapping from them."""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+import yaml
+
+from exporter.config import nodes
+from exporter.config.nodes import INVALID, Check, Reader
+from exporter.core.windows import DEFAULT_WINDOWS, Window
+
+ENGINE_KINDS = ("vllm", "llamacpp", "trtllm")  # a target's `engine:`: whose counter names
+DEFAULT_LISTEN = ("0.0.0.0", 10419)
+DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
+DEFAULT_INTERVAL = 1.0
+DEFAULT_TIMEOUT = 2.0
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+C = TypeVar("C", bound="DataclassInstance")
+
+
+def setting(
+    check: Check,
+    default: Any = MISSING,
+    *,
+    key: str | None = None,
+    group: str = "",
+    fallback: Callable[[dict[str, Any]], Any] | None = None,
+    required: bool | None = None,
+) -> Any:
+    """A config field: `check` reads its YAML node. `group` nests it under another key (a
+    route's conditions under `when`). `fallback` computes a value the YAML may leave out from
+    the others (a target's name from its URL). `required` (default: no default and no
+    fallback) says whether a config file must give it."""
+    if required is None:
+        required = default is MISSING and fallback is None
+    meta = {"check": check, "key": key, "group": group, "fallback": fallback, "required": required}
+    return field(default=default, metadata=meta)
+
+
+class ConfigReader(Reader):
+    """A reader that remembers the target names, for the proxy's `target:`."""
+
+    target_names: tuple[str, ...] = ()
+
+
+# --- the dataclasses --------------------------------------------------------------------------
+
+
+def _target_name(r: Reader, node: yaml.Node, key: str) -> str:
+    return r.name(node, key)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A /metrics endpoint to scrape."""
+
+    name: str = setting(_target_name, fallback=lambda v: default_name(v["url"]))
+    url: str = setting(Reader.url)
+    engine: str = setting(nodes.one_of(ENGINE_KINDS, "an engine kind"), "vllm")
+    prefix: str | None = setting(nodes.metric_prefix, None)
+    interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)
+    timeout: float = setting(Reader.seconds, DEFAULT_TIMEOUT)
+
+
+def _headers(r: Reader, node: yaml.Node, key: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        raise r.fail(node, key, "expected a mapping of Header-Name: value")
+    headers = []
+    for k, v in node.value:
+        header = r.scalar(k, key, str, "a header name")
+        headers.append((header.lower(), r.scalar(v, f"{key}.{header}", str, "a value")))
+    return tuple(headers)
+
+
+def _path_prefix(r: Reader, node: yaml.Node, key: str) -> str:
+    prefix = r.text(node, key)
+    if not prefix.startswith("/") or prefix.endswith("/") or len(prefix) < 2:
+        raise r.fail(node, key, f"expected /SEGMENT, got {prefix!r}")
+    return prefix
+
+
+def _key_prefix(r: Reader, node: yaml.Node, key: str) -> str:
+    prefix = r.text(node, key)
+    if len(prefix) < 8 or not all(c in string.hexdigits for c in prefix):
+        raise r.fail(node, key, "expected at least 8 hex digits of the key's sha256")
+    return prefix.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A named route and the conditions a request must all meet to take it."""
+
+    name: str = setting(Reader.name)
+    headers: tuple[tuple[str, str], ...] = setting(_headers, (), key="header", group="when")
+    path_prefix: str | None = setting(_path_prefix, None, group="when")
+    model: str | None = setting(Reader.text, None, group="when")
+    user: str | None = setting(Reader.text, None, group="when")
+    api_key_sha256_prefix: str | None = setting(_key_prefix, None, group="when")
+
+
+def _upstream(r: Reader, node: yaml.Node, key: str) -> str:
+    parts = urlsplit(r.url(node, key))
+    if parts.path not in ("", "/") or parts.query or parts.username:
+        raise r.fail(node, key, "expected http(s)://HOST:PORT only")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _fronted(r: Reader, node: yaml.Node, key: str) -> str:
+    name = r.name(node, key)
+    if isinstance(r, ConfigReader) and name not in r.target_names:
+        raise r.fail(node, key, f"no target is named {name!r}")
+    return name
+
+
+def objects(cls: type[C], what: str = "a non-empty list", unique: str = "name") -> Check:
+    """A non-empty list of `cls` mappings whose `unique` field differs from item to item."""
+
+    def check(r: Reader, node: yaml.Node, key: str) -> tuple[C, ...]:
+        items = r.sequence(node, key, what)
+        read_items = [(i, n, read(r, cls, n, f"{key}[{i}]")) for i, n in enumerate(items)]
+        out: list[C] = []
+        seen: dict[str, int] = {}
+        for i, item_node, item in read_items:
+            if item is INVALID:
+                continue
+            value = getattr(item, unique)
+            if value in seen:
+                r.errors.append(
+                    r.fail(
+                        item_node, f"{key}[{i}].{unique}", f"{value!r} is also {key}[{seen[value]}]"
+                    )
+                )
+            seen.setdefault(value, i)
+            out.append(item)
+        return tuple(out)
+
+    return check
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    upstream: str = setting(_upstream)
+    listen: tuple[str, int] = setting(Reader.listen, DEFAULT_PROXY_LISTEN)
+    target: str | None = setting(_fronted, None)
+    routes: tuple[Route, ...] = setting(objects(Route), ())
+    default_route: str = setting(Reader.name, "other")
+    max_body_bytes: int = setting(nodes.whole(1024, 1 << 30), DEFAULT_MAX_BODY)
+    connect_timeout: float = setting(Reader.seconds, 5.0)
+    read_timeout: float = setting(Reader.seconds, 600.0)
+
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        """Every value the `route` label can take: the configured names, nothing else."""
+        return tuple(dict.fromkeys([*(r.name for r in self.routes), self.default_route]))
+
+
+_POSITIVE = nodes.number(1e-9, 1e18)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What the payoff figures need to know about a served model."""
+
+    name: str = setting(nodes.described("the model_name vLLM reports"))
+    num_speculative_tokens: int = setting(nodes.whole(1, 64))
+    step_cost_ratio: float = setting(nodes.number(1.0, 100.0))
+    plain_decode_tokens_per_second: float | None = setting(_POSITIVE, None)
+    bytes_per_token: float | None = setting(_POSITIVE, None)
+    memory_bandwidth_bytes_per_second: float | None = setting(_POSITIVE, None)
+
+
+def _targets(r: Reader, node: yaml.Node, key: str) -> tuple[Target, ...]:
+    targets: tuple[Target, ...] = objects(Target, "a non-empty list of targets")(r, node, key)
+    if isinstance(r, ConfigReader):
+        r.target_names = tuple(t.name for t in targets)
+    return targets
+
+
+def _proxy(r: Reader, node: yaml.Node, key: str) -> ProxyConfig:
+    return read(r, ProxyConfig, node, key)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen: tuple[str, int] = setting(Reader.listen, DEFAULT_LISTEN)
+    targets: tuple[Target, ...] = setting(_targets, (), required=True)
+    windows: tuple[Window, ...] = setting(Reader.windows, DEFAULT_WINDOWS)
+    proxy: ProxyConfig | None = setting(_proxy, None)
+    models: tuple[ModelConfig, ...] = setting(objects(ModelConfig), ())
+
+
+# --- reading a mapping into a dataclass ----------------------------------------------------
+
+
+def yaml_key(f: Field[Any]) -> str:
+    return str(f.metadata["key"] or f.name)
+
+
+def keys(cls: type, group: str = "") -> tuple[str, ...]:
+    """The YAML keys of `cls` at one level: its own fields' and its groups' (or a group's)."""
+    out: list[str] = []
+    for f in fields(cls):
+        own = f.metadata["group"]
+        key = yaml_key(f) if own == group else (own if not group else "")
+        if key and key not in out:
+            out.append(key)
+    return tuple(out)
+
+
+def _groups(cls: type) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(g for f in fields(cls) if (g := f.metadata["group"])))
+
+
+def _mapping(cls: type, group: str) -> Check:
+    """The check of one level of a `cls` mapping: the whole object, or one of its groups
+    (which must give at least one of its keys)."""
+
+    def check(r: Reader, node: yaml.Node, key: str) -> dict[str, yaml.Node]:
+        if not group:
+            own = tuple(yaml_key(f) for f in fields(cls) if f.metadata["required"])
+            return r.mapping(node, key, keys(cls), (*own, *_groups(cls)))
+        allowed = keys(cls, group)
+        given = r.mapping(node, key, allowed)
+        if isinstance(node, yaml.MappingNode) and not node.value:
+            raise r.fail(node, key, f"give at least one of {', '.join(allowed)}")
+        return given
+
+    return check
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def read(r: Reader, cls: type[C], node: yaml.Node, key: str) -> C:
+    """A `cls` from a YAML mapping, every field read by its own check; INVALID, with the
+    errors kept in `r`, when anything in it is wrong."""
+    before = len(r.errors)
+    top = r.attempt(_mapping(cls, ""), node, key)
+    if top is INVALID:
+        return INVALID  # type: ignore[no-any-return]
+    levels = {"": top}
+    for group in _groups(cls):
+        if group in top:
+            levels[group] = r.attempt(_mapping(cls, group), top[group], _join(key, group))
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        group, name = f.metadata["group"], yaml_key(f)
+        level = levels.get(group)
+        if isinstance(level, dict) and name in level:
+            values[f.name] = r.attempt(f.metadata["check"], level[name], _join(key, group, name))
+    if len(r.errors) > before:
+        return INVALID  # type: ignore[no-any-return]
+    for f in fields(cls):
+        if f.name not in values and f.metadata["fallback"] is not None:
+            values[f.name] = f.metadata["fallback"](values)
+    return cls(**values)
+
+
+def default_name(url: str) -> str:
+    """A target's name when none is given: its host:port."""
+    parts = urlsplit(url)
+    return parts.netloc.rsplit("@", 1)[-1] or url
