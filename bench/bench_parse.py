@@ -1,6 +1,6 @@
 """What one scrape of a vLLM page costs the sidecar, against prometheus_client's parser.
 
-Ours: `read_page` + `CounterStore.feed` + `History.record` + the increase and
+Ours: `read_page` + `RunningTotals.feed` + `History.record` + the increase and
 ratios of every window (1m, 5m, 15m, per engine and summed over engines) -- everything the
 sidecar does with a page, done per scrape here (the sidecar itself derives the ratios when it
 is scraped). The history is first filled with 15 minutes of 1 s scrapes, so the windows run in
@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.core.counts import Counts, ratios, total
 from exporter.core.windows import DEFAULT_WINDOWS, History
 from exporter.scrape.families import SeriesKey, families, read_page
-from exporter.scrape.totals import CounterStore
+from exporter.scrape.totals import RunningTotals
 
 GOAL_PAGE = PAGE_4ENGINE.name
 SAMPLE_SECONDS = 0.05  # each timeit sample runs the call this long, at least
@@ -50,7 +50,7 @@ def parse_only() -> Callable[[str], object]:
 def one_scrape() -> Callable[[str], object]:
     """A fresh target: its sums and history, and a clock advancing one second per scrape."""
     fams = families("vllm")
-    store = CounterStore()
+    store = RunningTotals()
     history = History(DEFAULT_WINDOWS)
     clock = itertools.count()
 

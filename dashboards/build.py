@@ -1,6 +1,6 @@
 """Build the Grafana dashboards: JSON next to the sources, a check for CI, PNG previews.
-The command line is `specdec dashboards` (exporter/cli/generate.py); `python -m
-dashboards.build` is the same.
+The command line is `specdec dashboards` (exporter/cli/generate.py), also run as
+`python -m dashboards.build`.
 
 The preview needs matplotlib (optional). It lays each panel out in its gridPos and plots its
 queries' live results with the dashboard variables substituted (`$job` and the other
@@ -83,7 +83,7 @@ def previews(prometheus: str, out: Path, values: dict[str, str], range_s: float)
         yield preview(data, prometheus, out, values, range_s, now)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m dashboards.build` is `specdec dashboards`
     from exporter.cli import main
 
     sys.exit(main(["dashboards", *sys.argv[1:]]))

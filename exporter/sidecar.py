@@ -19,7 +19,7 @@ from exporter import __version__, logs
 from exporter.config import Config, redact
 from exporter.export.model_collector import ModelCollector
 from exporter.export.route_collector import RouteCollector, engine_by_model
-from exporter.export.target_collector import SpecdecCollector
+from exporter.export.target_collector import TargetCollector
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
 from exporter.scrape.target import Clock, Scraper, TargetState
@@ -39,7 +39,7 @@ class Sidecar:
         self.clock = clock
         self.targets = [TargetState(t, config.windows) for t in config.targets]
         self.registry = CollectorRegistry()
-        self.registry.register(SpecdecCollector(self.targets, clock))
+        self.registry.register(TargetCollector(self.targets, clock))
         models = {m.name: m for m in config.models}
         if models:
             self.registry.register(ModelCollector(models))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -43,6 +44,18 @@ def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what} (last error: {last_error})"
     )
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float) -> T:
+    """The async `wait_for`: await `check` until it returns something truthy, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s")
+        await asyncio.sleep(0.05)
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:

@@ -12,8 +12,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.config import nodes
-from exporter.config.nodes import INVALID, Check, Reader
+from exporter.config.nodes import (
+    INVALID,
+    Check,
+    Reader,
+    described,
+    metric_prefix,
+    number,
+    one_of,
+    whole,
+)
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 
 ENGINE_KINDS = ("vllm", "llamacpp", "trtllm")  # a target's `engine:`: whose counter names
@@ -65,8 +73,8 @@ class Target:
 
     name: str = setting(_target_name, fallback=lambda v: default_name(v["url"]))
     url: str = setting(Reader.url)
-    engine: str = setting(nodes.one_of(ENGINE_KINDS, "an engine kind"), "vllm")
-    prefix: str | None = setting(nodes.metric_prefix, None)
+    engine: str = setting(one_of(ENGINE_KINDS, "an engine kind"), "vllm")
+    prefix: str | None = setting(metric_prefix, None)
     interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)
     timeout: float = setting(Reader.seconds, DEFAULT_TIMEOUT)
 
@@ -153,7 +161,7 @@ class ProxyConfig:
     target: str | None = setting(_fronted, None)
     routes: tuple[Route, ...] = setting(objects(Route), ())
     default_route: str = setting(Reader.name, "other")
-    max_body_bytes: int = setting(nodes.whole(1024, 1 << 30), DEFAULT_MAX_BODY)
+    max_body_bytes: int = setting(whole(1024, 1 << 30), DEFAULT_MAX_BODY)
     connect_timeout: float = setting(Reader.seconds, 5.0)
     read_timeout: float = setting(Reader.seconds, 600.0)
 
@@ -163,16 +171,16 @@ class ProxyConfig:
         return tuple(dict.fromkeys([*(r.name for r in self.routes), self.default_route]))
 
 
-_POSITIVE = nodes.number(1e-9, 1e18)
+_POSITIVE = number(1e-9, 1e18)
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """What the payoff figures need to know about a served model."""
 
-    name: str = setting(nodes.described("the model_name vLLM reports"))
-    num_speculative_tokens: int = setting(nodes.whole(1, 64))
-    step_cost_ratio: float = setting(nodes.number(1.0, 100.0))
+    name: str = setting(described("the model_name vLLM reports"))
+    num_speculative_tokens: int = setting(whole(1, 64))
+    step_cost_ratio: float = setting(number(1.0, 100.0))
     plain_decode_tokens_per_second: float | None = setting(_POSITIVE, None)
     bytes_per_token: float | None = setting(_POSITIVE, None)
     memory_bandwidth_bytes_per_second: float | None = setting(_POSITIVE, None)

@@ -18,7 +18,7 @@ ALL_ENGINES = "all"  # the `engine` label of gauges derived from the sum over a 
 SERIES = ["target", "model_name", "engine"]
 
 
-class SpecdecCollector(Collector):
+class TargetCollector(Collector):
     def __init__(self, targets: Sequence[TargetState], clock: Callable[[], float]) -> None:
         self.targets = targets
         self.clock = clock

@@ -48,8 +48,8 @@ class Buckets:
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
-    """What the proxy learned about one request."""
+class RequestOutcome:
+    """What the proxy learned about one request once it ended (or failed, or was dropped)."""
 
     route: str
     model_name: str
@@ -106,7 +106,7 @@ class Accounting:
             return name
         return OTHER_MODEL
 
-    def record(self, req: Request) -> None:
+    def record(self, req: RequestOutcome) -> None:
         key = (req.route, req.model_name)
         self.requests[(req.route, req.model_name, req.status)] += 1
         if req.status != "200":

@@ -168,7 +168,7 @@ class Proxy:
             ttft = tap.first_content_at - started
             decode = (tap.last_content_at or tap.first_content_at) - tap.first_content_at
         self.accounting.record(
-            accounting.Request(
+            accounting.RequestOutcome(
                 route=route,
                 model_name=self.accounting.label_model(
                     doc.get("model") if status == "200" else None

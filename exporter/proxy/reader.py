@@ -3,7 +3,8 @@
 The shape OpenAI clients send is taken by `request.quick`; anything else (pipelined requests
 after the first, chunked bodies, `Expect: 100-continue`, upgrades, malformed heads) by llhttp
 through httptools, the maintained binding uvicorn uses, with aiohttp's server limits on top
-(line and field sizes, header count, RFC 9110 singletons, Host on HTTP/1.1), so what is
+(line and field sizes, header count, RFC 9110 singletons, Host on HTTP/1.1; llhttp
+itself refuses control bytes in fields), so what is
 accepted is what an aiohttp server accepts. Bodies are passed on as sent (no decompression);
 chunked bodies are de-chunked here and re-framed with a Content-Length upstream.
 """
@@ -144,8 +145,6 @@ class Llhttp:
         # httptools hands over a field whole (it joins pieces across reads)
         if len(name) + len(value) > MAX_FIELD:
             raise _Invalid(_bad(f"header field longer than {MAX_FIELD} bytes"))
-        if b"\x00" in value:
-            raise _Invalid(_bad("NUL byte in a header value"))
         self._fields.append(
             (
                 name.decode("utf-8", "surrogateescape"),

@@ -8,12 +8,12 @@ from typing import Any
 
 from exporter.core.counts import Counts, ratios, total
 from exporter.scrape.families import EngineFamilies, SeriesKey, read_page
-from exporter.scrape.totals import CounterStore
+from exporter.scrape.totals import RunningTotals
 
 
 def delta(before: str, after: str, fams: EngineFamilies) -> dict[SeriesKey, Counts]:
     """Per series, the work done between two pages (a restart in between is handled)."""
-    store = CounterStore()
+    store = RunningTotals()
     store.feed(read_page(before, fams))
     start = store.snapshot()
     store.feed(read_page(after, fams))

@@ -18,7 +18,7 @@ from exporter.config import Target, redact
 from exporter.core.counts import Counts
 from exporter.core.windows import History, Window
 from exporter.scrape.families import EngineFamilies, families, read_page
-from exporter.scrape.totals import CounterStore
+from exporter.scrape.totals import RunningTotals
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
 Clock = Callable[[], float]
@@ -38,7 +38,7 @@ class TargetState:
     def __init__(self, target: Target, windows: tuple[Window, ...]) -> None:
         self.target = target
         self.families: EngineFamilies = families(target.engine, target.prefix)
-        self.store = CounterStore()
+        self.store = RunningTotals()
         self.history: History[Counts] = History(windows)
         self.status: str | None = None  # None until the first scrape ends
         self.last_duration: float | None = None

@@ -31,7 +31,7 @@ class SeriesTotals:
         return self.counts - self.first.counts
 
 
-class CounterStore:
+class RunningTotals:
     """Running sums per series of one target, fed one page at a time."""
 
     def __init__(self) -> None:

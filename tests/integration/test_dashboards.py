@@ -4,7 +4,8 @@ preview renders.
 
 No Grafana can be installed here, so the JSON is checked against Grafana's own TypeScript types
 (npm @grafana/schema) and every query against Debian's prometheus, which scrapes a simulator +
-sidecar + proxy with traffic (exporter.demo) and evaluates the repo's rules.
+sidecar + proxy with traffic (exporter.demo) and evaluates the shipped rules (the shared live
+stack, live.py, with a day of history backfilled for the "yesterday" panels).
 """
 
 from __future__ import annotations
@@ -37,40 +38,16 @@ from dashboards.panels import (
     OLD_VARIABLE_KEYS,
 )
 from tests.dashboards_ts import generate
-from tests.helpers import child, free_port, http_get, need_tool, wait_for
+from tests.helpers import need_tool
+from tests.integration.live import LEVELS, MODEL, Live
 
 ROOT = Path(__file__).resolve().parents[2]
 TS = ROOT / "tests" / "dashboards_ts"
-RULES = ROOT / "deploy" / "prometheus" / "rules"
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
-MODEL = "sim-27b"  # exporter.demo.MODEL
-ROUTES = ("voice_chat", "coding_agent")  # exporter.demo.WORKLOADS
+ROUTES = tuple(LEVELS)  # exporter.demo.WORKLOADS
 # what a user who picks every concrete value sees; the preview uses the All value (.*)
 VALUES = {"job": "specdec", "model_name": MODEL, "route": "|".join(ROUTES), "engine": "0"}
 DATA_DEADLINE = 120.0
-
-# The demo bundle with a bandwidth roofline in its model config (the Engine dashboard's ceiling
-# panel needs bytes_per_token and memory_bandwidth_bytes_per_second) and its proxy on a free port.
-DEMO = """
-import dataclasses, sys
-from exporter import demo
-
-base = demo.config
-
-def config(opts):
-    c = base(opts)
-    models = tuple(
-        m if m.bytes_per_token else dataclasses.replace(
-            m, bytes_per_token=20e9, memory_bandwidth_bytes_per_second=1.7e12)
-        for m in c.models
-    )
-    return dataclasses.replace(c, models=models)
-
-demo.config = config
-sim, side, proxy = map(int, sys.argv[1:4])
-demo.main(demo.Options(sim_port=sim, sidecar_port=side, proxy_port=proxy, speed=20,
-                       report_every=5))
-"""
 
 
 def tsc(*files: Path) -> subprocess.CompletedProcess[str]:
@@ -200,69 +177,6 @@ def test_dashboards_type_check_against_grafana_schema() -> None:
 # --- live Prometheus ---------------------------------------------------------------------------
 
 
-def _rules(into: Path) -> None:
-    """The repo's rule files, each group evaluated every second instead of every 15 s / 1 m."""
-    into.mkdir()
-    for path in sorted(RULES.glob("*.yml")):
-        doc = yaml.safe_load(path.read_text())
-        for group in doc["groups"]:
-            group["interval"] = "1s"
-        (into / path.name).write_text(yaml.safe_dump(doc, sort_keys=False))
-
-
-def _yesterday(tsdb: Path, tmp: Path, promtool: str) -> None:
-    """Backfill one day ago's hourly route acceptance (the table's 'same hour yesterday')."""
-    name = "route_model_name:specdec_route_acceptance:ratio_rate1h"
-    now = int(time.time())
-    lines = [f"# TYPE {name} gauge"]
-    for route, level in zip(ROUTES, (0.38, 0.72), strict=True):
-        for t in range(now - 86400 - 5400, now - 86400 + 1800, 15):
-            lines.append(f'{name}{{model_name="{MODEL}",route="{route}"}} {level} {t}')
-    lines.append("# EOF")
-    source = tmp / "yesterday.om"
-    source.write_text("\n".join(lines) + "\n")
-    done = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = need_tool("prometheus")
-    promtool = need_tool("promtool")
-    tmp = tmp_path_factory.mktemp("dashboards")
-    sim, side, proxy, port = free_port(), free_port(), free_port(), free_port()
-    _rules(tmp / "rules")
-    tsdb = tmp / "tsdb"
-    tsdb.mkdir()
-    _yesterday(tsdb, tmp, promtool)
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp / "rules" / "*.yml")],
-        "scrape_configs": [
-            {"job_name": "specdec", "static_configs": [{"targets": [f"127.0.0.1:{side}"]}]},
-            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{sim}"]}]},
-        ],
-    }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    demo = [sys.executable, "-c", DEMO, str(sim), str(side), str(proxy)]
-    prom = [
-        binary,
-        f"--config.file={tmp / 'prometheus.yml'}",
-        f"--storage.tsdb.path={tsdb}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with child(demo, tmp / "demo.log", env=env), child(prom, tmp / "prometheus.log"):
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: "Ready" in http_get(f"{url}/-/ready"), 30, "prometheus ready")
-        yield url
-
-
 def _empty(url: str, given: dict[str, str]) -> list[str]:
     """Panel queries (and variable queries) without a sample now, as readable lines; variables
     not `given` take their "All" value, as a dashboard opens."""
@@ -299,7 +213,8 @@ def _wait_for_data(url: str, values: dict[str, str]) -> list[str]:
         time.sleep(2)
 
 
-def test_every_panel_query_returns_data(prometheus: str) -> None:
+def test_every_panel_query_returns_data(live: Live) -> None:
+    prometheus = live.prometheus
     empty = _wait_for_data(prometheus, VALUES)
     assert not empty, f"{len(empty)} queries without data after {DATA_DEADLINE:.0f} s:\n" + (
         "\n".join(empty)
@@ -308,7 +223,8 @@ def test_every_panel_query_returns_data(prometheus: str) -> None:
     assert not _empty(prometheus, {})
 
 
-def test_preview_renders_a_png_per_dashboard(prometheus: str, tmp_path: Path) -> None:
+def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None:
+    prometheus = live.prometheus
     try:
         import matplotlib.image
     except ImportError:

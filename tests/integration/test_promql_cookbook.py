@@ -1,14 +1,13 @@
 """Every ```promql block of docs/promql.md returns data from a live Prometheus scraping the
-simulator + sidecar + proxy (`specdec demo`), with the rules exactly as shipped."""
+simulator + sidecar + proxy (`specdec demo`), with the rules exactly as shipped (live.py)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest_prometheus import REPO, SHIPPED_RULES, Live, live_stack
+from tests.integration.live import REPO, Live
 
 pytestmark = pytest.mark.promtool
 
@@ -53,12 +52,6 @@ def test_the_cookbook_has_the_promised_sections() -> None:
         "specdec_attribution_coverage_ratio",
     ):
         assert metric in text, metric
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    with live_stack(tmp_path_factory.mktemp("prometheus-cookbook"), SHIPPED_RULES) as stack:
-        yield stack
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,16 @@ import pytest
 from exporter.config import Config, ModelConfig, ProxyConfig, Target
 from exporter.core.counts import Counts, from_spec_object, total
 from exporter.sidecar import Sidecar
-from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
+from tests.helpers import (
+    child,
+    eventually,
+    free_port,
+    http_get,
+    samples,
+    specdec,
+    value,
+    wait_for,
+)
 from tests.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv
 from tests.rig import ROUTES
 
@@ -612,7 +621,7 @@ async def test_proxy_route_counters_are_exact_on_real_vllm(real: RealVllm) -> No
             engine = engine_counts(srv) - before
 
             want = dict(sent)
-            page = await poll(functools.partial(settled, metrics, want), 10.0)
+            page = await eventually(functools.partial(settled, metrics, want), 10.0)
             now = route_counts(page)
             assert set(now) == {"voice_chat", "coding_agent"}, now
             assert route_counts(page, "estimated") == {}
@@ -641,17 +650,6 @@ async def settled(metrics: str, want: dict[str, float]) -> Page | None:
 
 def vector(c: Counts) -> list[float]:
     return [c.drafts or 0.0, c.draft_tokens, c.accepted, *c.per_position]
-
-
-async def poll(check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s")
-        await asyncio.sleep(0.05)
 
 
 # ---- 6. byte transparency on the real server -----------------------------------------------

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Target
 from exporter.core.windows import parse_window
-from exporter.export.target_collector import ERROR_REASONS, SpecdecCollector
+from exporter.export.target_collector import ERROR_REASONS, TargetCollector
 from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, one_engine, set_counts
@@ -66,7 +66,7 @@ def targets() -> list[TargetState]:
 
 def scrape(targets: list[TargetState], now: float = NOW):
     registry = CollectorRegistry()
-    registry.register(SpecdecCollector(targets, clock=lambda: now))
+    registry.register(TargetCollector(targets, clock=lambda: now))
     text = generate_latest(registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {
@@ -228,7 +228,7 @@ def test_restart_keeps_counters_monotonic_and_is_counted():
 def test_the_collector_reads_the_clock_on_every_scrape(targets):
     now = [NOW]
     registry = CollectorRegistry()
-    registry.register(SpecdecCollector(targets, clock=lambda: now[0]))
+    registry.register(TargetCollector(targets, clock=lambda: now[0]))
     assert b'specdec_acceptance_ratio{engine="all"' in generate_latest(registry)
     now[0] = NOW + 15 * 60 + 1  # every window has passed without a snapshot
     assert b"specdec_acceptance_ratio{" not in generate_latest(registry)

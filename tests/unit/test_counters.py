@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from exporter.core.counts import Counts
 from exporter.scrape.families import Page, RawSeries, families, read_page
-from exporter.scrape.totals import CounterStore, is_restart
+from exporter.scrape.totals import RunningTotals, is_restart
 
 from .pages import MODEL, bump, one_engine, set_counts, shift_created
 
@@ -22,15 +22,15 @@ def page(counts: Counts, created=STAMPS, key=KEY, **more: Counts) -> Page:
     return Page(series, 0)
 
 
-def fed(*pages: Page) -> CounterStore:
-    store = CounterStore()
+def fed(*pages: Page) -> RunningTotals:
+    store = RunningTotals()
     for p in pages:
         store.feed(p)
     return store
 
 
 def test_first_sight_is_the_lifetime_value():
-    store = CounterStore()
+    store = RunningTotals()
     assert store.feed(page(Counts(10, 30, 15, (8, 5, 2)))) == []
     assert store.snapshot() == {KEY: Counts(10, 30, 15, (8, 5, 2))}
     totals = store.series[KEY]
@@ -72,7 +72,7 @@ def test_a_decrease_is_a_restart_and_the_increase_is_the_new_value(after):
 
 def test_sums_never_decrease_across_restarts():
     readings = [Counts(10, 30, 15, (9, 6)), Counts(3, 9, 4, (3, 1)), Counts(1, 3, 0, (0, 0))]
-    store = CounterStore()
+    store = RunningTotals()
     previous = None
     for r in readings:
         store.feed(page(r))
@@ -256,7 +256,7 @@ def _fields(c: Counts) -> tuple[float, ...]:
 @settings(max_examples=300, deadline=None)
 @given(lives=engine_lives())
 def test_sums_equal_the_true_work_over_any_sequence_of_lives(lives):
-    store = CounterStore()
+    store = RunningTotals()
     previous: tuple[tuple[float, ...], float] | None = None
     for stamp, readings in lives:
         created = (("accepted", stamp), ("draft_tokens", stamp), ("drafts", stamp))

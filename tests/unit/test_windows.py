@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.config import Target
 from exporter.core.counts import Counts, ratios
 from exporter.core.windows import DEFAULT_WINDOWS, History, Window, parse_window
-from exporter.export.target_collector import SpecdecCollector
+from exporter.export.target_collector import TargetCollector
 from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, four_engines, one_engine
@@ -254,7 +254,7 @@ def four_engine_page(i: int) -> str:
 
 def gauges(state: TargetState, now: float) -> dict[tuple[str, tuple], float]:
     registry = CollectorRegistry()
-    registry.register(SpecdecCollector([state], clock=lambda: now))
+    registry.register(TargetCollector([state], clock=lambda: now))
     text = generate_latest(registry).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value

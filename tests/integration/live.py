@@ -1,13 +1,13 @@
-"""A live Prometheus (Debian's 2.42 binary) scraping a simulator + sidecar + proxy, for the tests
-that need one (test_prometheus_live.py, test_promql_cookbook.py). Imported explicitly, not a
-conftest.py: nothing here runs unless a test asks for it.
+"""The one live stack of the integration tests: Debian's Prometheus (2.42) with the shipped
+rules, scraping `specdec demo` (simulated vLLM, the sidecar with its route-tagging proxy,
+voice_chat and coding_agent traffic through the proxy). conftest.py starts it once per session
+for every test that asks for `live` (dashboards, cookbook, rules and alerts).
 
-The bundle is `specdec demo` in a child process (simulated vLLM, the sidecar with its
-route-tagging proxy, voice_chat and coding_agent traffic through the proxy). `specdec demo` has no
---proxy-port flag, so the child calls `exporter.demo.main` with the same Options the CLI builds
-plus the proxy port. Prometheus gets a config generated from the repo's prometheus.yml: the same
-jobs and rule files (absolute paths), targets pointed at the child's free ports, 1 s scrape and
-evaluation intervals, no Alertmanager.
+Prometheus gets a config generated from the repo's prometheus.yml: the same jobs and rule files
+(absolute paths), targets pointed at the child's free ports, a 1 s scrape interval (the rule
+groups keep their own intervals), no Alertmanager. Its TSDB is backfilled first with a day of
+the routes' counters (so the 1-day baselines are a day's, as in production) and yesterday's
+hourly acceptance (the dashboards' "same hour yesterday").
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -44,6 +45,8 @@ demo.main(demo.Options(
     speed=float(sys.argv[4]), report_every=5.0,
 ))
 """
+MODEL = "sim-27b"  # exporter.demo.MODEL
+LEVELS = {"voice_chat": 0.36, "coding_agent": 0.71}  # the demo's profiles (ja_chat, code_agent)
 
 
 def rule_groups(paths: list[Path] = SHIPPED_RULES) -> list[dict[str, Any]]:
@@ -109,10 +112,9 @@ class Live:
 
 
 def prometheus_config(sim_port: int, sidecar_port: int, rule_files: list[Path]) -> dict[str, Any]:
-    """The repo's prometheus.yml, pointed at this bundle, 1 s intervals, no Alertmanager."""
+    """The repo's prometheus.yml, pointed at this bundle, 1 s scrapes, no Alertmanager."""
     config: dict[str, Any] = yaml.safe_load((REPO / "prometheus.yml").read_text(encoding="utf-8"))
     config["global"]["scrape_interval"] = "1s"
-    config["global"]["evaluation_interval"] = "1s"
     assert config["rule_files"] == ["deploy/prometheus/rules/*.yml"], config["rule_files"]
     config["rule_files"] = [str(p) for p in rule_files]
     config.pop("alerting", None)
@@ -124,39 +126,72 @@ def prometheus_config(sim_port: int, sidecar_port: int, rule_files: list[Path]) 
     return config
 
 
+def history(now: float) -> str:
+    """OpenMetrics for `promtool tsdb create-blocks-from`: a day of each demo route's counters
+    at its profile's level (ending a minute before now), and yesterday's hourly acceptance."""
+    start, end, step = int(now) - 25 * 3600, int(now) - 60, 60
+    per_minute = {  # route -> draft tokens and requests per minute
+        "voice_chat": (3000.0, 8.0),
+        "coding_agent": (4000.0, 4.0),
+    }
+    lines = []
+    counters = {
+        "specdec_route_draft_tokens": lambda route, n: per_minute[route][0] * n,
+        "specdec_route_accepted_tokens": lambda route, n: LEVELS[route] * per_minute[route][0] * n,
+        "specdec_route_drafts": lambda route, n: per_minute[route][0] / 3 * n,
+    }
+    for name, value in counters.items():
+        lines.append(f"# TYPE {name} counter")
+        for route in LEVELS:
+            labels = f'job="specdec",instance="backfill",model_name="{MODEL}",route="{route}"'
+            labels += ',source="exact"'
+            for n, ts in enumerate(range(start, end, step)):
+                lines.append(f"{name}_total{{{labels}}} {value(route, n):.1f} {ts}")
+    rule = "route_model_name:specdec_route_acceptance:ratio_rate1h"
+    lines.append(f"# TYPE {rule} gauge")
+    for route, level in LEVELS.items():
+        for ts in range(int(now) - 86400 - 5400, int(now) - 86400 + 1800, 15):
+            lines.append(f'{rule}{{model_name="{MODEL}",route="{route}"}} {level} {ts}')
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def backfill(tsdb: Path, tmp: Path, promtool: str) -> None:
+    source = tmp / "history.om"
+    source.write_text(history(time.time()), encoding="utf-8")
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @contextmanager
-def live_stack(tmp: Path, rule_files: list[Path]) -> Iterator[Live]:
+def live_stack(tmp: Path, rule_files: list[Path] = SHIPPED_RULES) -> Iterator[Live]:
     """Demo bundle + Prometheus on free ports; both process groups stopped on exit."""
     prometheus = need_tool("prometheus")
     promtool = need_tool("promtool")
     sim_port, sidecar_port, proxy_port, prom_port = (free_port() for _ in range(4))
     config = tmp / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(sim_port, sidecar_port, rule_files)))
+    tsdb = tmp / "tsdb"
+    tsdb.mkdir()
+    backfill(tsdb, tmp, promtool)
     with ExitStack() as stack:
         checked = subprocess.run(
             [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        demo = stack.enter_context(
-            child(
-                [
-                    sys.executable,
-                    "-c",
-                    DEMO,
-                    str(sim_port),
-                    str(sidecar_port),
-                    str(proxy_port),
-                    str(SPEED),
-                ],
-                tmp / "demo.log",
-            )
-        )
+        args = [sys.executable, "-c", DEMO, str(sim_port), str(sidecar_port), str(proxy_port)]
+        demo = stack.enter_context(child([*args, str(SPEED)], tmp / "demo.log"))
         server = stack.enter_context(
             child(
                 [
                     prometheus,
                     f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
+                    f"--storage.tsdb.path={tsdb}",
                     f"--web.listen-address=127.0.0.1:{prom_port}",
                     "--log.level=warn",
                 ],
@@ -177,7 +212,7 @@ def live_stack(tmp: Path, rule_files: list[Path]) -> Iterator[Live]:
             with _DIRECT.open(f"{live.prometheus}/-/ready", timeout=2) as resp:
                 return resp.status == 200
 
-        live.poll(ready, 30, "prometheus /-/ready")
+        live.poll(ready, 60, "prometheus /-/ready")
         live.poll(
             lambda: len(live.query('up{job=~"specdec|vllm"} == 1')) == 2,
             30,

@@ -13,7 +13,7 @@ from tests.rig import simulator
 from tests.scripted import scripted
 
 _spec = importlib.util.spec_from_file_location(
-    "_stream_client", Path(__file__).resolve().parents[2] / "bench" / "_stream_client.py"
+    "_stream_client", Path(__file__).resolve().parents[1] / "_stream_client.py"
 )
 assert _spec is not None and _spec.loader is not None
 client = importlib.util.module_from_spec(_spec)

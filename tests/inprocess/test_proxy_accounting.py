@@ -13,7 +13,7 @@ import pytest
 from exporter.core.counts import Counts, total
 from exporter.scrape.families import families, read_page
 from exporter.sidecar import Sidecar
-from tests.helpers import need_tool, samples
+from tests.helpers import eventually, need_tool, samples
 from tests.rig import CODE, JA, sidecar, simulator
 
 
@@ -138,7 +138,7 @@ async def test_estimates_without_per_request_objects_are_within_2_points() -> No
                 return routes
             return None
 
-        routes = await poll(apportioned, 10.0)
+        routes = await eventually(apportioned, 10.0)
         assert await route_counts(metrics, "exact") == {}
         real = await truth(upstream)
         for route, profile in (("voice_chat", "ja_chat"), ("coding_agent", "code_agent")):
@@ -155,14 +155,3 @@ def assert_coverage_full(side: Sidecar) -> None:
     assert total(list(acc.snapshot().values())).drafts == pytest.approx(
         total([t.counts for t in side.fronted.store.series.values()]).drafts
     )
-
-
-async def poll(check: Any, timeout: float) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s")
-        await asyncio.sleep(0.05)

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[1]
 
 
 def load(name: str) -> ModuleType:

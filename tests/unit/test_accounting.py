@@ -1,0 +1,129 @@
+"""Per-route accounting in process: exact objects add up, the 16-model cap, and `apportion`
+handing the engine's unexplained work to estimated routes (their sum is the engine's, shares
+follow the estimates, nothing ever goes down)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.core.counts import Counts
+from exporter.core.windows import DEFAULT_WINDOWS
+from exporter.proxy.accounting import OTHER_MODEL, Accounting, RequestOutcome
+
+M = "m"
+
+
+def accounting(k: int | None = 3, max_models: int = 16) -> Accounting:
+    return Accounting(("a", "b", "other"), DEFAULT_WINDOWS, lambda _: k, max_models)
+
+
+def estimated(route: str, increments: tuple[int, ...], model: str = M) -> RequestOutcome:
+    tokens = sum(increments)
+    return RequestOutcome(route, model, "200", tokens, increments=increments)
+
+
+def vector(c: Counts) -> tuple[float, ...]:
+    return (c.drafts or 0.0, c.draft_tokens, c.accepted, *c.per_position)
+
+
+def test_exact_objects_add_up_per_route_and_only_for_200s() -> None:
+    acc = accounting()
+    one = Counts(10, 30, 12, (6, 4, 2))
+    acc.record(RequestOutcome("a", M, "200", 22, exact=one))
+    acc.record(RequestOutcome("a", M, "200", 22, exact=one))
+    acc.record(RequestOutcome("a", M, "499", 0, exact=one))  # a hang-up counts, not its work
+    assert acc.exact[("a", M)] == one + one
+    assert acc.requests[("a", M, "200")] == 2 and acc.requests[("a", M, "499")] == 1
+    assert acc.generation_tokens[("a", M)] == 44
+
+
+def test_model_names_are_capped_then_other() -> None:
+    acc = accounting(max_models=16)
+    names = [f"model-{i}" for i in range(20)]
+    labels = [acc.label_model(n) for n in names]
+    assert labels[:16] == names[:16]
+    assert labels[16:] == [OTHER_MODEL] * 4
+    assert acc.label_model("model-3") == "model-3"  # a known name keeps its label
+    assert acc.label_model(None) == "" and acc.label_model("") == ""
+    assert len(acc.models) == 16
+
+
+def test_apportion_gives_the_unexplained_work_by_estimated_steps_and_accepted() -> None:
+    acc = accounting(k=3)
+    exact = Counts(4, 12, 6, (3, 2, 1))
+    acc.record(RequestOutcome("a", M, "200", 10, exact=exact))
+    # b: two steps of 4 tokens (3 accepted each); other: four steps of 1 token (0 accepted)
+    acc.record(estimated("b", (1, 4, 4)))
+    acc.record(estimated("other", (1, 1, 1, 1, 1)))
+    engine = exact + Counts(6, 18, 6, (2, 2, 2))
+    acc.apportion({M: engine})
+    b, other = acc.estimated[("b", M)], acc.estimated[("other", M)]
+    assert ("a", M) not in acc.estimated  # an exact route receives no estimate
+    # drafts, draft tokens and positions follow the steps (2 : 4), accepted the accepted (6 : 0)
+    assert vector(b) == pytest.approx((2, 6, 6, 2 / 3, 2 / 3, 2 / 3))
+    assert vector(other) == pytest.approx((4, 12, 0, 4 / 3, 4 / 3, 4 / 3))
+    assert vector(b + other + exact) == pytest.approx(vector(engine))
+
+
+def test_a_route_without_streamed_increments_takes_its_own_or_the_engines_tokens_per_step() -> None:
+    acc = accounting(k=3)
+    acc.record(estimated("b", (1, 4, 4)))  # b streams at 4 tokens per step
+    acc.record(RequestOutcome("b", M, "200", 8))  # non-streamed: 8 tokens -> 2 more steps
+    acc.record(RequestOutcome("other", M, "200", 8))  # streamed nothing: engine's average
+    engine = Counts(10, 30, 20, (8, 7, 5))  # 3 tokens per step
+    acc.apportion({M: engine})
+    b, other = acc.estimated[("b", M)], acc.estimated[("other", M)]
+    steps_b, steps_other = 2 + 8 / 4, 8 / 3
+    assert b.drafts == pytest.approx(10 * steps_b / (steps_b + steps_other))
+    assert vector(b + other) == pytest.approx(vector(engine))
+
+
+def test_apportion_keeps_models_apart_and_needs_estimates() -> None:
+    acc = accounting()
+    acc.record(estimated("b", (1, 2, 2), model="m2"))
+    acc.apportion({M: Counts(5, 15, 5, (3, 1, 1)), "m2": Counts(2, 6, 2, (1, 1, 0))})
+    assert set(acc.estimated) == {("b", "m2")}  # nobody estimated on M: nothing to hand out
+    assert vector(acc.estimated[("b", "m2")]) == pytest.approx((2, 6, 2, 1, 1, 0))
+
+
+def test_apportion_ignores_engines_without_drafts() -> None:
+    acc = accounting()
+    acc.record(estimated("b", (1, 2, 2)))
+    acc.apportion({M: Counts(None, 15, 5)})  # TensorRT-LLM counts no verify steps
+    acc.apportion({M: Counts(0, 0, 0)})
+    assert acc.estimated == {}
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["b", "other"]),
+            st.lists(st.integers(1, 4), min_size=2, max_size=6),
+            st.integers(0, 3),  # the engine's extra work in steps, this tick
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_estimates_never_go_down_and_never_exceed_the_engine(
+    steps: list[tuple[str, list[int], int]],
+) -> None:
+    acc = accounting(k=3)
+    engine = Counts(0, 0, 0, (0, 0, 0))
+    before: dict[tuple[str, str], tuple[float, ...]] = {}
+    for route, increments, extra in steps:
+        acc.record(estimated(route, tuple(increments)))
+        work = sum(increments[1:])
+        steps_made = len(increments) - 1 + extra
+        accepted = max(0, work - steps_made)
+        engine = engine + Counts(steps_made, 3 * steps_made, accepted, (accepted, 0, 0))
+        acc.apportion({M: engine})
+        for key, counts in acc.estimated.items():
+            now = vector(counts)
+            assert all(n >= b - 1e-9 for n, b in zip(now, before.get(key, ()), strict=False))
+            before[key] = now
+        total = [sum(x) for x in zip(*(vector(c) for c in acc.estimated.values()), strict=True)]
+        assert all(t <= e + 1e-6 for t, e in zip(total, vector(engine), strict=True))

@@ -1,0 +1,90 @@
+"""Imports point one way: cli -> sidecar / demo -> scrape, proxy, export -> config -> core.
+docs/architecture.md states the same table; this test holds the code to it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ROOT_MODULE = "exporter"  # exporter/__init__.py (__version__) and exporter.logs: anyone's
+SHARED = {"exporter.core", "exporter.logs", ROOT_MODULE}
+MAY_IMPORT = {
+    "exporter.core": set(),
+    "exporter.config": {"exporter.core"},
+    "exporter.scrape": {"exporter.config"},
+    "exporter.proxy": {"exporter.config"},
+    "exporter.export": {"exporter.config", "exporter.scrape", "exporter.proxy"},
+    "exporter.sim": set(),
+    "exporter.measure": {"exporter.scrape"},
+    "exporter.sidecar": {"exporter.config", "exporter.scrape", "exporter.proxy", "exporter.export"},
+    "exporter.demo": {"exporter.config", "exporter.measure", "exporter.sidecar", "exporter.sim"},
+    "exporter.cli": {"exporter", "dashboards"},  # the verbs compose everything
+    "exporter.logs": set(),
+    ROOT_MODULE: set(),
+    "exporter.__main__": {"exporter.cli"},
+    "dashboards": set(),  # the mixin: PromQL, rules, panels; the duration grammar from core
+}
+
+
+def layer(module: str) -> str:
+    """The table's key for a module: its package under exporter/, or dashboards."""
+    parts = module.split(".")
+    return "dashboards" if parts[0] == "dashboards" else ".".join(parts[:2])
+
+
+def imports(path: Path) -> set[str]:
+    """exporter.* / dashboards.* modules imported anywhere in the file, except inside an
+    `if __name__ == "__main__":` block (an entry point may call the command line)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "__main__" in ast.unparse(block.test)
+        for n in ast.walk(block)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.split(".")[0] in ("exporter", "dashboards")}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+SOURCES = sorted([*ROOT.glob("exporter/**/*.py"), *ROOT.glob("dashboards/**/*.py")])
+
+
+def allowed(importer: str, imported: str) -> bool:
+    own, target = layer(importer), layer(imported)
+    if own == target or target in SHARED or imported in SHARED:
+        return True
+    grants = MAY_IMPORT[own]
+    return ("exporter" in grants and target.startswith("exporter")) or target in grants
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[module_name(p) for p in SOURCES])
+def test_imports_point_one_way(path: Path) -> None:
+    importer = module_name(path)
+    assert layer(importer) in MAY_IMPORT, f"{importer}: a new package; give it a row"
+    wrong = sorted(m for m in imports(path) if not allowed(importer, m))
+    assert not wrong, f"{importer} imports {wrong}, against docs/architecture.md"
+
+
+def test_the_table_catches_an_upward_import() -> None:
+    assert not allowed("exporter.core.counts", "exporter.scrape.totals")
+    assert not allowed("exporter.proxy.forward", "exporter.export.route_collector")
+    assert not allowed("exporter.scrape.target", "exporter.proxy.forward")
+    assert not allowed("dashboards.build", "exporter.cli")
+    assert allowed("dashboards.build", "exporter.core.durations")
+    assert allowed("exporter.cli.serve", "exporter.sidecar")
