@@ -20,7 +20,7 @@ JSON = dict[str, Any]
 
 DATASOURCE: JSON = {"type": "prometheus", "uid": "${datasource}"}
 DATASOURCE_UID = "specdec-prometheus"  # deploy/grafana/provisioning/datasources/prometheus.yml
-SCHEMA_VERSION = 36  # see GRAFANA_NOTES: 37+ would need showLegend and table cellOptions too
+SCHEMA_VERSION = 36  # 37+ would need what its migrations add: showLegend, table cellOptions
 NO_TRAFFIC = "No traffic"
 TAGS = ["specdec", "speculative-decoding", "vllm"]
 

@@ -1,7 +1,7 @@
 // The type a generated dashboard must satisfy: Grafana's own published `Dashboard` type
 // (npm @grafana/schema), made usable for JSON and tightened where upstream is an open map.
 // tests/integration/test_dashboards.py inlines each dashboard as a `CheckedDashboard` and runs
-// `tsc --strict --noEmit` (see /work/shared/GRAFANA_NOTES.md for why each piece is here).
+// `tsc --strict --noEmit`. Each piece below says why it is there.
 import type {
   AnnotationQuery,
   DataQuery,
