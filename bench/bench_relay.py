@@ -159,7 +159,8 @@ def proxied(reads: list[bytes], tokens: int) -> Setup:
             conn.data_received(data)
 
     def accounted() -> int:  # streams that ended well: a 200 accounted to its route
-        return sum(n for (_, _, status), n in proxy.accounting.requests.items() if status == "200")
+        requests = proxy.accounting.requests.items()
+        return sum(n for (_, _, status, _), n in requests if status == "200")
 
     return stream, out, accounted
 

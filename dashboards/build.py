@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from dashboards import engine, health, payoff
+from dashboards import engine, health, payoff, requests
 from dashboards.live import PrometheusError, prometheus_query
 from dashboards.panels import JSON, to_json
 from dashboards.preview import preview
@@ -25,6 +25,7 @@ from dashboards.preview import preview
 DIRECTORY = Path(__file__).resolve().parent
 BUILDERS: dict[str, Callable[[], Any]] = {
     payoff.UID: payoff.build,
+    requests.UID: requests.build,
     engine.UID: engine.build,
     health.UID: health.build,
 }

@@ -3,7 +3,7 @@
 grafanalib is the authoring layer; what it gets wrong for Grafana 10-12 is handled here once:
 datasource references as `{type, uid}` through the `datasource` variable, targets without the
 legacy Graphite/`intervalFactor: 2` keys, thresholds as modern steps, a small raw panel for
-bar gauges (grafanalib's BarGauge emits the Grafana 6 layout), "No traffic" instead of an empty
+bar gauges and heatmaps (grafanalib's emit the Grafana 6 and pre-9 layouts), "No traffic" instead of an empty
 or NaN panel, and `normalise()`, which deletes the nulls and old keys Grafana's schema rejects
 (it never renames anything).
 """
@@ -60,13 +60,14 @@ class PromTarget:
     legend: str = ""
     instant: bool = False
     table: bool = False
+    heatmap: bool = False  # a histogram's buckets as heatmap rows (legend {{le}})
 
     def to_json_data(self) -> JSON:
         return {
             "datasource": DATASOURCE,
             "editorMode": "code",
             "expr": self.expr,
-            "format": "table" if self.table else "time_series",
+            "format": "table" if self.table else "heatmap" if self.heatmap else "time_series",
             "instant": self.instant or self.table,
             "legendFormat": self.legend,
             "range": not (self.instant or self.table),
@@ -138,9 +139,12 @@ def timeseries(
     decimals: int | None = None,
     stack: bool = False,
     no_value: str = NO_TRAFFIC,
+    repeat: str = "",
 ) -> Any:
+    """`repeat`: one panel per value of that variable (its queries see one value each)."""
     return G.TimeSeries(
         title=title,
+        repeat=_repeat(repeat),
         description=description,
         dataSource=DATASOURCE,
         targets=targets(*queries),
@@ -194,6 +198,53 @@ def stat(
         mappings=mappings or [],
         maxDataPoints=None,
     )
+
+
+def heatmap(title: str, description: str, expr: str, unit: str, *, repeat: str = "") -> Any:
+    """A Prometheus histogram's buckets over time (grafanalib's Heatmap is the pre-9 layout).
+    `repeat`: one panel per value of that variable."""
+    return RawPanel(
+        type="heatmap",
+        title=title,
+        repeat=_repeat(repeat),
+        description=description,
+        dataSource=DATASOURCE,
+        targets=[PromTarget(expr, "A", "{{le}}", heatmap=True)],
+        maxDataPoints=None,
+        options={
+            "calculate": False,
+            "cellGap": 1,
+            "color": {
+                "exponent": 0.5,
+                "fill": ORANGE,
+                "mode": "scheme",
+                "reverse": False,
+                "scale": "exponential",
+                "scheme": "Oranges",
+                "steps": 64,
+            },
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+            "filterValues": {"le": 1e-9},
+            "legend": {"show": True},
+            "rowsFrame": {"layout": "auto"},
+            "showValue": "never",
+            "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": True},
+            "yAxis": {"axisPlacement": "left", "reverse": False, "unit": unit, "decimals": 0},
+        },
+        fieldConfig={
+            "defaults": {
+                "custom": {"scaleDistribution": {"type": "linear"}},
+                "noValue": NO_TRAFFIC,
+            },
+            "overrides": [],
+        },
+    )
+
+
+def _repeat(variable: str) -> Any:
+    if not variable:
+        return G.Repeat()
+    return G.Repeat(direction="h", variable=variable, maxPerRow=4)
 
 
 def up_mappings(up: str = "UP", down: str = "DOWN") -> list[JSON]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards import variables as V
-from dashboards.alerts import MIN_REQUESTS_5M
+from dashboards.alerts import DROP_WINDOWS, MIN_REQUESTS_5M
 from dashboards.panels import (
     BREAK_EVEN_LINE,
     GREEN,
@@ -37,6 +37,7 @@ UID = "specdec-payoff"
 ROUTE_LEGEND = "{{route}} ({{model_name}})"
 
 ACCEPTANCE_5M = Q.route_rule("acceptance", "ratio_rate5m")
+ALERT_WINDOW = DROP_WINDOWS[0]
 TOKENS_PER_STEP_5M = Q.route_rule("tokens_per_step", "ratio_rate5m")
 SPEEDUP_5M = Q.route_rule("estimated_speedup", "ratio_rate5m")
 DECODE_5M = Q.route_rule("decode_tokens_per_second", "ratio_rate5m")
@@ -56,11 +57,13 @@ def headline_stats() -> list[Any]:
             decimals=2,
         ),
         stat(
-            "Draft acceptance now",
-            "Share of proposed draft tokens the target model accepted over the last 5 minutes, per "
-            "route. Compare with the break-even line in 'Draft acceptance by route' below: under "
-            "it speculation loses. Rule route_model_name:specdec_route_acceptance:ratio_rate5m.",
-            [("{{route}}", ACCEPTANCE_5M)],
+            f"Draft acceptance now ({ALERT_WINDOW})",
+            "Share of proposed draft tokens the target model accepted over the last minute, per "
+            "route: the window SpecDecodeAcceptanceDrop reads for busy routes (exact per-request "
+            "counts where the route has them). Compare with the break-even line in 'Draft "
+            "acceptance by route' below: under it speculation loses. Rule "
+            f"route_model_name:specdec_route_exact_acceptance:ratio_rate{ALERT_WINDOW}.",
+            [("{{route}}", Q.acceptance_now(ALERT_WINDOW))],
             PERCENT,
             decimals=1,
         ),

@@ -192,6 +192,13 @@ def _draw_timeseries(ax: Any, panel: JSON, data: list[Series], now: float, span:
             label=s.name,
         )
         handles.append(line)
+        below = props.get("custom.fillBelowTo")  # a band down to the series of that name
+        pairs = [o for o in data if o.name == below and o.times == s.times]
+        if below and pairs:
+            nth = sum(1 for o in data[:i] if o.name == s.name)  # the k-th band of k-th route
+            other = pairs[min(nth, len(pairs) - 1)]
+            x = [(t - now) / 60 for t in s.times]
+            target.fill_between(x, s.values, other.values, color=line.get_color(), alpha=0.2, lw=0)
     if right is not None:
         right.set_ylim(bottom=0)
     custom = defaults.get("custom", {})
@@ -397,6 +404,11 @@ def preview(
             ax = fig.add_axes(inner)
             _draw_table(ax, panel, latest)
             empty = not latest
+        elif kind == "heatmap":
+            series = fetch.series(mine)
+            ax = fig.add_axes(inner, facecolor=PANEL)
+            _draw_heatmap(ax, panel, series, now)
+            empty = not series
         else:
             continue
         if empty:
@@ -414,6 +426,37 @@ def preview(
     path = out / f"{data['uid']}.png"
     fig.savefig(path, facecolor=BACKGROUND)
     return path
+
+
+def _draw_heatmap(ax: Any, panel: JSON, data: list[Series], now: float) -> None:
+    """Cumulative `le` buckets over time -> counts per bucket, as Grafana's heatmap draws them."""
+    rows = sorted(data, key=lambda s: math.inf if s.name == "+Inf" else float(s.name))
+    rows = [s for s in rows if s.name != "+Inf"]
+    if not rows:
+        return
+    times = rows[0].times
+    grid = []
+    below = [0.0] * len(times)
+    for s in rows:
+        by_time = dict(zip(s.times, s.values, strict=True))
+        level = [by_time.get(t, b) for t, b in zip(times, below, strict=True)]
+        grid.append([max(0.0, a - b) for a, b in zip(level, below, strict=True)])
+        below = level
+    minutes = [(t - now) / 60 for t in times]
+    ax.imshow(
+        grid,
+        aspect="auto",
+        origin="lower",
+        cmap="Oranges",
+        extent=(minutes[0], minutes[-1] if len(minutes) > 1 else 0, 0, len(rows)),
+        interpolation="nearest",
+    )
+    unit = panel["options"].get("yAxis", {}).get("unit", "")
+    labels = [fmt_value(float(s.name), unit, 0) for s in rows]
+    ax.set_yticks([i + 0.5 for i in range(len(rows))][:: max(1, len(rows) // 8)])
+    ax.set_yticklabels(labels[:: max(1, len(rows) // 8)], fontsize=7, color=TEXT)
+    ax.tick_params(colors=TEXT, labelsize=7)
+    ax.set_xlabel("minutes", color=TEXT, fontsize=7)
 
 
 def _draw_alerts(ax: Any, regions: list[tuple[float, float]], now: float) -> None:

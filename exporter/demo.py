@@ -115,7 +115,7 @@ def route_line(sidecar: Sidecar, route: str) -> str:
         if name == route
     ]
     rate = f"{decode[0].rate:6.1f}" if decode and decode[0].rate else "     -"
-    requests = sum(n for (name, _, _), n in acc.requests.items() if name == route)
+    requests = sum(n for (name, *_), n in acc.requests.items() if name == route)
     share = f"({counts.accepted:.0f}/{counts.draft_tokens:.0f})"
     return (
         f"{route:<13} acceptance {100 * r.acceptance:5.1f}% {share}"

@@ -18,6 +18,7 @@ from prometheus_client.exposition import choose_encoder
 from exporter import __version__, logs
 from exporter.config import Config, redact
 from exporter.export.model_collector import ModelCollector
+from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector, engine_by_model
 from exporter.export.target_collector import TargetCollector
 from exporter.proxy.accounting import Accounting
@@ -47,11 +48,7 @@ class Sidecar:
         self.proxy: Proxy | None = None
         self.fronted: TargetState | None = None
         if config.proxy is not None:
-            accounting = Accounting(
-                config.proxy.route_names,
-                config.windows,
-                lambda name: models[name].num_speculative_tokens if name in models else None,
-            )
+            accounting = Accounting(config.proxy.route_names, config.windows, models)
             self.proxy = Proxy(config.proxy, accounting)
             by_name = {t.target.name: t for t in self.targets}
             name = config.proxy.target or (
@@ -59,6 +56,7 @@ class Sidecar:
             )
             self.fronted = by_name.get(name) if name else None
             self.registry.register(RouteCollector(self.proxy, models, self.fronted, clock))
+            self.registry.register(RequestCollector(accounting, clock))
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.BaseRunner] = []
         self._session: aiohttp.ClientSession | None = None

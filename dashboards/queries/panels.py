@@ -9,7 +9,7 @@ engines. Raw-counter panels also honour `$job`.
 from __future__ import annotations
 
 from dashboards.promql import by, ratio, sum_rate
-from dashboards.queries import spec
+from dashboards.queries import moments, spec
 from dashboards.selectors import ENGINE
 
 RATE = "$__rate_interval"
@@ -178,3 +178,43 @@ def sidecar_memory() -> str:
 
 def sidecar_fds() -> str:
     return f"specdec_process_open_fds{{{JOB}}}"
+
+
+# --- the request-level view (per route, exact requests) ------------------------------------
+
+
+def exact_rule(figure: str, op: str, window: str) -> str:
+    """A request-level recording rule (dashboards/queries/moments.py), filtered by route."""
+    return f"{moments.rule(figure, op, window)}{{{ROUTE_SEL}}}"
+
+
+def acceptance_now(window: str) -> str:
+    """The exact acceptance the drop alert reads over `window`, else the route's overall one
+    (a route without per-request objects has no exact figures)."""
+    overall = route_rule("acceptance", f"ratio_rate{window}") if window in ("1m", "5m") else None
+    exact = exact_rule("exact_acceptance", "ratio_rate", window)
+    return f"{exact}\nor\n{overall}" if overall else exact
+
+
+def acceptance_band(window: str, sign: str) -> str:
+    """The exact acceptance plus or minus two request-level standard errors."""
+    p = exact_rule("exact_acceptance", "ratio_rate", window)
+    se = exact_rule("acceptance_stderr", "rate", window)
+    return f"{p} {sign} 2 * {se}"
+
+
+def acceptance_heatmap() -> str:
+    """Requests per per-request acceptance bucket and time slice (a Grafana heatmap)."""
+    return (
+        f"sum by (le) (increase(specdec_route_request_acceptance_ratio_bucket{{{RAW_ROUTE}}}"
+        f"[{RATE}]))"
+    )
+
+
+def below_breakeven_share() -> str:
+    """Requests that speculation made slower / requests with drafts."""
+    return moments.share("specdec_route_requests_below_breakeven_total", RATE, RAW_ROUTE)
+
+
+def finish_reasons() -> str:
+    return sum_rate("specdec_route_requests_total", RATE, ("route", "finish_reason"), RAW_ROUTE)

@@ -60,8 +60,10 @@ def register(verbs: Verbs) -> None:
         "--profile",
         action="append",
         default=[],
-        metavar="NAME=ACCEPTANCE",
-        help="set a profile's acceptance, e.g. ja_chat=0.36 (repeatable)",
+        metavar="NAME=MEAN[:C]",
+        help="set a profile's mean acceptance and the concentration C of its per-request spread "
+        "(Beta(MEAN C, (1 - MEAN) C); default 15, sd ~0.115 at 0.71; C=inf: identical "
+        "requests), e.g. ja_chat=0.36 or code_agent=0.71:inf (repeatable)",
     )
     p.set_defaults(run=run)
 
@@ -79,10 +81,13 @@ def run(args: argparse.Namespace) -> int:
         host, port = from_flags([], args.listen, 1.0, None).listen
         for item in args.profile:
             name, _, value = item.partition("=")
-            acceptance = float(value)
-            if not name or not 0 <= acceptance <= 1:
-                raise ValueError(item)
-            profiles[name] = Profile(name, acceptance)
+            mean, _, concentration = value.partition(":")
+            if not name:
+                raise ValueError(f"--profile wants NAME=MEAN[:C], got {item!r}")
+            base = profiles.get(name, Profile(name, 0.0))
+            profiles[name] = Profile(
+                name, float(mean), base.decay, float(concentration or base.concentration)
+            )
         if args.engines < 1 or args.num_speculative_tokens < 0 or args.speed <= 0:
             raise ValueError("--engines >= 1, --num-speculative-tokens >= 0, --speed > 0")
     except (ConfigError, ValueError) as exc:

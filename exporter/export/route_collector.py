@@ -46,8 +46,9 @@ class RouteCollector(Collector):
         acc = self.accounting
         requests = CounterMetricFamily(
             "specdec_route_requests",
-            "Completion requests through the proxy by HTTP status (499: the client hung up).",
-            labels=[*ROUTE, "status"],
+            "Completion requests through the proxy by HTTP status (499: the client hung up) and "
+            "finish_reason (stop, length, tool_calls, abort, other).",
+            labels=[*ROUTE, "status", "finish_reason"],
         )
         for request_labels, n in sorted(acc.requests.items()):
             requests.add_metric(list(request_labels), float(n))

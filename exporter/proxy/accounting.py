@@ -1,27 +1,39 @@
 """Per-route accounting: exact counts from vLLM's per-request objects, estimates otherwise.
 
 Exact: a request whose response carried `metrics.speculative_decoding` adds that object's
-counts to its route. Estimated (older vLLM, the flag off, n > 1): the request's token
-increments give an estimated (steps, accepted) weight; each tick, the engine's work that no
-exact request explains is apportioned over the routes by those weights, so estimated route
-counters still add up to the engine's own. Both are kept apart by the `source` label.
+counts to its route, and its own figures to the request-level view: the per-request moments
+behind a window's standard error (core/stats.py), its acceptance in a histogram, whether
+speculation made it slower (its own tokens per step below the model's step cost) and whether it
+looks like a repetition loop (acceptance near 1 and cut by max_tokens). Estimated (older vLLM,
+the flag off, n > 1): the request's token increments give an estimated (steps, accepted)
+weight; each tick, the engine's work that no exact request explains is apportioned over the
+routes by those weights, so estimated route counters still add up to the engine's own. Both are
+kept apart by the `source` label.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from exporter.config import ModelConfig
 from exporter.core.counts import Counts
-from exporter.core.payoff import Decode
+from exporter.core.payoff import Decode, estimated_speedup
+from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
 RouteKey = tuple[str, str]  # (route, model_name)
 OTHER_MODEL = "_other"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_BUCKETS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200, 300, 500, 1000)
+# per-request acceptance: fine near 0 (collapsed drafts) and near 1 (repetition loops)
+ACCEPTANCE_BUCKETS = (
+    0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0
+)  # fmt: skip
+RUNAWAY_ACCEPTANCE = 0.95  # with finish_reason "length": the signature of a repetition loop
+FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "abort"))  # the rest: "other"
 
 
 @dataclass(slots=True)
@@ -55,6 +67,7 @@ class RequestOutcome:
     model_name: str
     status: str
     completion_tokens: int = 0
+    finish_reason: str = "other"  # one of FINISH_REASONS, else "other" (`finish_label`)
     ttft: float | None = None
     decode_seconds: float | None = None
     exact: Counts | None = None
@@ -71,27 +84,37 @@ class _Weight:
         return 1 + self.accepted / self.steps if self.steps else None
 
 
+def finish_label(reason: object) -> str:
+    """A finish_reason label value: one of the known reasons, or "other"."""
+    return reason if isinstance(reason, str) and reason in FINISH_REASONS else "other"
+
+
 class Accounting:
     def __init__(
         self,
         routes: Sequence[str],
         windows: Sequence[Window],
-        k_hint: Callable[[str], int | None],
+        models: Mapping[str, ModelConfig],
         max_models: int = 16,
     ) -> None:
         self.routes = tuple(routes)
-        self.k_hint = k_hint
+        self.model_configs = models
         self.max_models = max_models
         self.models: set[str] = set()
         self.exact: dict[RouteKey, Counts] = {}
         self.estimated: dict[RouteKey, Counts] = {}
-        self.requests: Counter[tuple[str, str, str]] = Counter()
+        self.requests: Counter[tuple[str, str, str, str]] = Counter()  # + status, finish
+        self.moments: dict[RouteKey, RequestMoments] = {}
+        self.acceptance: dict[RouteKey, Buckets] = {}  # per-request acceptance
+        self.below_breakeven: Counter[RouteKey] = Counter()
+        self.runaway: Counter[RouteKey] = Counter()
         self.generation_tokens: Counter[RouteKey] = Counter()
         self.decode: dict[RouteKey, Decode] = {}
         self.ttft: dict[RouteKey, Buckets] = {}
         self.decode_rate: dict[RouteKey, Buckets] = {}
         self.history: History[Counts] = History(windows)
         self.decode_history: History[Decode] = History(windows)
+        self.moments_history: History[RequestMoments] = History(windows)
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
@@ -108,7 +131,7 @@ class Accounting:
 
     def record(self, req: RequestOutcome) -> None:
         key = (req.route, req.model_name)
-        self.requests[(req.route, req.model_name, req.status)] += 1
+        self.requests[(req.route, req.model_name, req.status, req.finish_reason)] += 1
         if req.status != "200":
             return
         self.generation_tokens[key] += req.completion_tokens
@@ -124,8 +147,10 @@ class Accounting:
             self.exact[key] = self.exact.get(key, Counts()) + req.exact
             model = req.model_name
             self._exact_by_model[model] = self._exact_by_model.get(model, Counts()) + req.exact
+            self._request_view(key, req.exact, req.finish_reason)
         elif req.increments:
-            k = self.k_hint(req.model_name)
+            config = self.model_configs.get(req.model_name)
+            k = None if config is None else config.num_speculative_tokens
             for weight in (
                 self._weights.setdefault(key, _Weight()),
                 self._streamed.setdefault(key, _Weight()),
@@ -136,6 +161,23 @@ class Accounting:
                     weight.accepted += tokens - steps
         elif req.completion_tokens:
             self._tokens_only[key] += req.completion_tokens
+
+    def _request_view(self, key: RouteKey, exact: Counts, finish_reason: str) -> None:
+        """One exact request's own figures: its moments, acceptance, payoff and loop signature."""
+        if exact.draft_tokens <= 0:
+            return
+        self.moments[key] = self.moments.get(key, RequestMoments()) + RequestMoments.of(
+            exact.accepted, exact.draft_tokens
+        )
+        acceptance = exact.accepted / exact.draft_tokens
+        self.acceptance.setdefault(key, Buckets(ACCEPTANCE_BUCKETS)).observe(acceptance)
+        config = self.model_configs.get(key[1])
+        if config is not None and exact.drafts:
+            tokens_per_step = 1 + exact.accepted / exact.drafts
+            if estimated_speedup(tokens_per_step, config.step_cost_ratio) < 1:
+                self.below_breakeven[key] += 1
+        if finish_reason == "length" and acceptance >= RUNAWAY_ACCEPTANCE:
+            self.runaway[key] += 1
 
     def apportion(self, engine_by_model: dict[str, Counts]) -> None:
         """Give the engine work no exact request explains to the routes with estimates.
@@ -191,6 +233,7 @@ class Accounting:
     def tick(self, now: float) -> None:
         self.history.record(now, self.snapshot())
         self.decode_history.record(now, dict(self.decode))
+        self.moments_history.record(now, dict(self.moments))
 
 
 def _vector(c: Counts, width: int = 0) -> list[float]:

@@ -167,6 +167,9 @@ class Proxy:
         if tap is not None and tap.first_content_at is not None:
             ttft = tap.first_content_at - started
             decode = (tap.last_content_at or tap.first_content_at) - tap.first_content_at
+        finish: object = "abort" if status == "499" else None
+        if status == "200":
+            finish = tap.finish_reason if tap is not None else _first_finish(doc)
         self.accounting.record(
             accounting.RequestOutcome(
                 route=route,
@@ -179,6 +182,7 @@ class Proxy:
                 decode_seconds=decode,
                 exact=from_spec_object(spec) if isinstance(spec, dict) else None,
                 increments=tuple(tap.increments) if tap is not None else (),
+                finish_reason=accounting.finish_label(finish),
             )
         )
 
@@ -288,6 +292,13 @@ def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
     (`parsed`) and so ending in "}": re-encoding a long agent prompt would cost more than the
     rest of the hop."""
     return body.rstrip()[:-1] + (b"," if parsed else b"") + member
+
+
+def _first_finish(doc: dict[str, Any]) -> object:
+    """The finish_reason of a whole response's first choice."""
+    choices = doc.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first.get("finish_reason") if isinstance(first, dict) else None
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -42,10 +42,7 @@ class ResponseFramer:
         self._left = 0  # body bytes left: Content-Length or the current chunk
         self._keep_alive = False
         self.head: Head | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._state == _DONE
+        self.done = False  # the response ended (an attribute: read after every read)
 
     @property
     def reusable(self) -> bool:
@@ -57,7 +54,8 @@ class ResponseFramer:
         if self._state == _UNTIL_CLOSE:
             self._keep_alive = False
             self._state = _DONE
-        return self._state == _DONE
+            self.done = True
+        return self.done
 
     def feed(self, data: bytes) -> bytes:
         """Consume `data`; return the body bytes it completes. FramingError when malformed."""
@@ -112,6 +110,7 @@ class ResponseFramer:
                     self._state = _DONE if end == pos else _TRAILER
                     pos = end + 2
         self._buffer = buffer[pos:]
+        self.done = self._state == _DONE
         return b"".join(out) if len(out) != 1 else out[0]
 
     def _on_head(self, raw: bytes) -> None:

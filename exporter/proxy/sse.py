@@ -17,6 +17,7 @@ from typing import Any
 
 _USAGE_FIELD = re.compile(rb',"usage":\{[^{}]*\}')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+_FINISH = b'"finish_reason":"'
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class StreamTap:
     first_content_at: float | None = None
     last_content_at: float | None = None
     usage: dict[str, Any] | None = None  # the final usage event, decoded
+    finish_reason: str | None = None  # the first one the stream carried
     increments: list[int] = field(default_factory=list)  # tokens per content event
     _pending: bytes = b""
     _held: list[bytes] = field(default_factory=list)
@@ -58,7 +60,7 @@ class StreamTap:
         their content times are taken. Several events arrive in one read under load."""
         if (
             self.strip_usage_fields
-            or events.find(b'"finish_reason":"') != -1
+            or events.find(_FINISH) != -1
             or events.find(b'"choices":[]') != -1
         ):
             return False
@@ -88,9 +90,14 @@ class StreamTap:
         start = max(at, 0)  # where the finish reason may begin
         if self.strip_usage_fields:
             event, start = self._strip_usage_field(event), 0
-        if self.strip_usage_event and event.find(b'"finish_reason":"', start) != -1:
-            self._held.append(event)  # until the usage event tells its fingerprint
-            return b""
+        finish = event.find(_FINISH, start)
+        if finish != -1:
+            if self.finish_reason is None:
+                begin = finish + len(_FINISH)
+                self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")
+            if self.strip_usage_event:
+                self._held.append(event)  # until the usage event tells its fingerprint
+                return b""
         return event
 
     def _content(self) -> None:

@@ -1,9 +1,12 @@
 """The simulated engine: verify steps, counters, per-request objects and the timing model.
 
-One request = a prefill that yields the first token, then verify steps. Each step proposes k
-drafts; the request's profile decides how many are accepted; the step emits accepted + 1
-tokens (the bonus token), cut at max_tokens. Like vLLM, the counters and the per-request object
-count every accepted draft, even those max_tokens cuts from the output.
+One request = a prefill that yields the first token, then verify steps. The request draws its
+own acceptance around its profile's (profiles.py); each step proposes k drafts, of which that
+acceptance decides how many are accepted; the step emits accepted + 1 tokens (the bonus token),
+cut at max_tokens. Like vLLM, the counters and the per-request object count every accepted
+draft, even those max_tokens cuts from the output. A request ends at its natural length (drawn
+per profile, at least `min_tokens`) unless `ignore_eos` or a repetition loop runs it to
+max_tokens.
 
 Timing, from the published dense-27B single-stream figures: a plain step yields 72 tok/s; a
 speculative step with k drafts costs (1 + 0.26 k) plain steps (1.78 at k = 3); prefill 50-100 ms;
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 
 from exporter.core.counts import Counts
 from exporter.sim.metrics import EngineMetrics
-from exporter.sim.profiles import DEFAULT_PROFILES, Profile
+from exporter.sim.profiles import DEFAULT_PROFILES, LOOP_ACCEPTANCE, Profile, draw
 
 PLAIN_STEP_SECONDS = 1 / 72
 DRAFT_COST = 0.26  # extra cost of one draft token, in plain steps
@@ -35,6 +38,16 @@ TEXT = {  # token pieces the simulated model cycles through, per profile
     "default": tuple("Sure|,| here| is| a| short| answer| to| your| question|.".split("|")),
 }
 LENGTHS = {"ja_chat": (30, 90), "code_agent": (120, 360), "default": (60, 160)}
+UNBOUNDED = 32768  # tokens a request without max_tokens may run to (the served max_model_len)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The sampling fields of a request that decide its length (vLLM's names)."""
+
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)
@@ -119,7 +132,7 @@ class SimEngine:
             await asyncio.sleep(seconds / self.speed)
 
     async def generate(
-        self, profile_name: str, prompt_tokens: int, max_tokens: int | None, stats: RequestStats
+        self, profile_name: str, prompt_tokens: int, sampling: Sampling, stats: RequestStats
     ) -> AsyncGenerator[Output]:
         """Yield the request's outputs, one per engine iteration, updating every counter."""
         profile = self.profiles[profile_name]
@@ -128,8 +141,14 @@ class SimEngine:
         self._next_engine = (self._next_engine + 1) % self.engines
         labels = (self.model, engine)
         lo, hi = LENGTHS.get(profile_name, LENGTHS["default"])
-        natural = rng.randint(lo, hi)
+        natural = max(rng.randint(lo, hi), sampling.min_tokens)
+        loop = rng.random() < profile.loop_share
+        max_tokens = sampling.max_tokens
+        if loop or sampling.ignore_eos:
+            natural = UNBOUNDED  # no end of sequence comes: max_tokens ends it
         limit = natural if max_tokens is None else min(natural, max_tokens)
+        acceptance = LOOP_ACCEPTANCE if loop else profile.request_acceptance(rng)
+        chain = profile.conditional(self.k, acceptance) if self.k else ()
         words = TEXT.get(profile_name, TEXT["default"])
         emitted, finish = 0, None
         self._running(engine, +1)
@@ -142,7 +161,7 @@ class SimEngine:
                 count = 1
                 if emitted:
                     step_start = time.monotonic()
-                    count = self._step(profile, rng, labels, stats)
+                    count = self._step(profile.name, chain, rng, labels, stats)
                     await self.sleep(self.step_seconds())
                     self.metrics.itl.labels(*labels).observe(time.monotonic() - step_start)
                 tokens = [
@@ -169,7 +188,8 @@ class SimEngine:
 
     def _step(
         self,
-        profile: Profile,
+        profile: str,
+        chain: tuple[float, ...],
         rng: random.Random,
         labels: tuple[str, str],
         stats: RequestStats,
@@ -177,7 +197,7 @@ class SimEngine:
         """One decode step: count its drafts everywhere; return the tokens it produced."""
         if not self.spec:
             return 1
-        accepted = profile.draw(rng, self.k)
+        accepted = draw(rng, chain)
         assert self.metrics.spec_counters is not None
         drafts, proposed, accepted_tokens, per_pos = self.metrics.spec_counters
         drafts.labels(*labels).inc()
@@ -192,5 +212,5 @@ class SimEngine:
         step = Counts(
             1, self.k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.k))
         )
-        self.truth[profile.name] = self.truth.get(profile.name, Counts()) + step
+        self.truth[profile] = self.truth.get(profile, Counts()) + step
         return accepted + 1

@@ -1,15 +1,20 @@
 """Acceptance profiles: how often drafts are accepted for a kind of request.
 
-A profile's `acceptance` is the share of draft tokens accepted (accepted / draft tokens, vLLM's
-acceptance rate). Drafts are verified left to right and the first rejection ends the step, so
-position i is reached only if 0..i-1 were accepted; its conditional acceptance decays with the
-position (`q_i = q_0 * decay**i`), which gives vLLM's falling per-position curve. `q_0` is
-solved so that the expected acceptance equals `acceptance` exactly.
+A profile's `acceptance` is the mean share of draft tokens accepted (accepted / draft tokens,
+vLLM's acceptance rate). Requests differ: each draws its own acceptance from
+Beta(acceptance * c, (1 - acceptance) * c), c the profile's `concentration` (15 gives the
+per-request sd of ~0.11-0.12 seen in published per-request traces; infinity makes every request
+alike). Drafts are verified left to right and the first rejection ends the step, so position i
+is reached only if 0..i-1 were accepted; its conditional acceptance decays with the position
+(`q_i = q_0 * decay**i`), which gives vLLM's falling per-position curve. `q_0` is solved so that
+a step's expected acceptance equals the request's. A share of requests (`loop_share`) can be
+repetition loops: acceptance near 1, generating until max_tokens.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -22,27 +27,48 @@ _CODE = re.compile(
 )
 
 
+DEFAULT_CONCENTRATION = 15.0
+LOOP_ACCEPTANCE = 0.98  # a repetition loop: the drafter predicts the loop almost perfectly
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     acceptance: float
     decay: float = 0.85  # in (0, 1]
+    concentration: float = DEFAULT_CONCENTRATION  # of the per-request Beta; inf: all alike
+    loop_share: float = 0.0  # requests that are repetition loops
 
-    def conditional(self, k: int) -> tuple[float, ...]:
-        """Per-position conditional acceptance q_0..q_{k-1} whose expected acceptance is ours."""
-        return _solve(self.acceptance, self.decay, k)
+    def __post_init__(self) -> None:
+        if not (0 <= self.acceptance <= 1 and 0 < self.decay <= 1 and 0 <= self.loop_share <= 1):
+            raise ValueError("acceptance and loop_share must be in [0, 1], decay in (0, 1]")
+        if not self.concentration > 0:
+            raise ValueError("concentration must be > 0 (inf: identical requests)")
 
-    def draw(self, rng: random.Random, k: int) -> int:
-        """Accepted drafts of one verify step with k drafts."""
-        accepted = 0
-        for q in self.conditional(k):
-            if rng.random() >= q:
-                break
-            accepted += 1
-        return accepted
+    def request_acceptance(self, rng: random.Random) -> float:
+        """One request's own acceptance, drawn around the profile's."""
+        mean, c = self.acceptance, self.concentration
+        if math.isinf(c) or not 0 < mean < 1:
+            return mean
+        return rng.betavariate(mean * c, (1 - mean) * c)
+
+    def conditional(self, k: int, acceptance: float | None = None) -> tuple[float, ...]:
+        """Per-position conditional acceptance q_0..q_{k-1} whose expected acceptance is
+        `acceptance` (the profile's by default)."""
+        return _solve(self.acceptance if acceptance is None else acceptance, self.decay, k)
 
 
-@functools.cache
+def draw(rng: random.Random, conditional: tuple[float, ...]) -> int:
+    """Accepted drafts of one verify step: each position in turn, until the first rejection."""
+    accepted = 0
+    for q in conditional:
+        if rng.random() >= q:
+            break
+        accepted += 1
+    return accepted
+
+
+@functools.lru_cache(maxsize=4096)  # per-request acceptances are continuous: bounded
 def _solve(acceptance: float, decay: float, k: int) -> tuple[float, ...]:
     lo, hi = 0.0, decay ** -(k - 1)  # at hi every q_i is capped at 1: acceptance 1
     for _ in range(60):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import itertools
 import json
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from aiohttp import web
 from prometheus_client.exposition import generate_latest
 
 from exporter.core.counts import Counts
-from exporter.sim.decoder import Output, RequestStats, SimEngine
+from exporter.sim.decoder import Output, RequestStats, Sampling, SimEngine
 from exporter.sim.profiles import Profile, classify
 from exporter.sim.wire import Json, Shapes, error, sse, usage
 
@@ -110,6 +111,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if not _positive_int(n) or not (max_tokens is None or _positive_int(max_tokens)):
         return _json_error(400, "n and max_tokens must be positive integers", "BadRequestError")
+    min_tokens, ignore_eos = body.get("min_tokens", 0), body.get("ignore_eos", False)
+    if not (min_tokens == 0 or _positive_int(min_tokens)) or not isinstance(ignore_eos, bool):
+        message = "min_tokens must be a non-negative integer and ignore_eos a boolean"
+        return _json_error(400, message, "BadRequestError")
+    sampling = Sampling(max_tokens, min_tokens, ignore_eos)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
         state,
@@ -118,7 +124,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         stats=[RequestStats(engine.k) for _ in range(n)],
     )
     profile = classify(prompt, bool(body.get("tools")))
-    gens = [engine.generate(profile, run.prompt_tokens, max_tokens, s) for s in run.stats]
+    gens = [engine.generate(profile, run.prompt_tokens, sampling, s) for s in run.stats]
     outputs = _merged(gens)
     try:
         if body.get("stream"):
@@ -204,39 +210,25 @@ def _positive_int(value: object) -> bool:
 
 
 async def _merged(gens: list[AsyncGenerator[Output]]) -> AsyncGenerator[tuple[int, Output]]:
-    """Interleave the outputs of n choices as they come, tagged with the choice index."""
-    if len(gens) == 1:
-        try:
+    """The outputs of n choices in lockstep, as vLLM's engine steps them together: each round
+    advances every unfinished choice once (concurrently), then yields them in index order, so
+    the interleaving on the wire does not depend on timer jitter."""
+    live = list(enumerate(gens))
+    try:
+        if len(gens) == 1:  # the common case, without a task per step
             async for out in gens[0]:
                 yield 0, out
-        finally:  # close now, so a hang-up is counted as an abort at once
-            await gens[0].aclose()
-        return
-    queue: asyncio.Queue[tuple[int, Output | None]] = asyncio.Queue()
-
-    async def pump(i: int, gen: AsyncGenerator[Output]) -> None:
-        try:
-            async for out in gen:
-                await queue.put((i, out))
-            await queue.put((i, None))
-        finally:
+            return
+        while live:
+            steps = await asyncio.gather(
+                *(anext(gen, None) for _, gen in live), return_exceptions=False
+            )
+            live = [(i, gen) for (i, gen), out in zip(live, steps, strict=True) if out is not None]
+            for (i, _), out in zip(live, [s for s in steps if s is not None], strict=True):
+                yield i, out
+    finally:  # close now, so a hang-up is counted as an abort at once
+        for gen in gens:
             await gen.aclose()
-
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        remaining = len(gens)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 def _prompt_text(body: Json, chat: bool) -> str | None:
@@ -269,18 +261,28 @@ async def _restart(request: web.Request) -> web.Response:
 
 
 async def _profile(request: web.Request) -> web.Response:
+    """{name, acceptance, decay?, concentration? (a number or "inf"), loop_share?}: the fields
+    not given keep the profile's current values."""
     body = await request.json()
     engine = _state(request).engine
-    name, acceptance = body.get("name"), body.get("acceptance")
-    if (
-        not isinstance(acceptance, int | float)
-        or not 0 <= acceptance <= 1
-        or not isinstance(name, str)
-    ):
-        return _json_error(400, "expected {name, acceptance in [0, 1], decay?}", "BadRequestError")
-    decay = float(body.get("decay", engine.profiles.get(name, Profile(name, 0)).decay))
-    engine.profiles[name] = Profile(name, float(acceptance), decay)
-    return web.json_response({"name": name, "acceptance": acceptance, "decay": decay})
+    name = body.get("name") if isinstance(body, dict) else None
+    try:
+        if not isinstance(name, str) or not isinstance(body.get("acceptance"), int | float):
+            raise ValueError("expected {name, acceptance, decay?, concentration?, loop_share?}")
+        current = engine.profiles.get(name, Profile(name, 0.0))
+        fields = {f: body.get(f, getattr(current, f)) for f in ("decay", "loop_share")}
+        concentration = float(body.get("concentration", current.concentration))
+        profile = Profile(name, float(body["acceptance"]), concentration=concentration, **fields)
+    except (ValueError, TypeError) as exc:
+        return _json_error(400, str(exc), "BadRequestError")
+    engine.profiles[name] = profile
+    return web.json_response(profile_json(profile))
+
+
+def profile_json(profile: Profile) -> Json:
+    out: Json = dataclasses.asdict(profile)
+    out["concentration"] = "inf" if math.isinf(profile.concentration) else profile.concentration
+    return out
 
 
 async def _fault(request: web.Request) -> web.Response:

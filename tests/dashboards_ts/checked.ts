@@ -17,6 +17,10 @@ import type {
   Options as TableOptions,
 } from '@grafana/schema/dist/esm/raw/composable/table/panelcfg/x/TablePanelCfg_types.gen';
 import type {
+  FieldConfig as HeatmapFieldConfig,
+  Options as HeatmapOptions,
+} from '@grafana/schema/dist/esm/raw/composable/heatmap/panelcfg/x/HeatmapPanelCfg_types.gen';
+import type {
   FieldConfig as TimeSeriesFieldConfig,
   Options as TimeSeriesOptions,
 } from '@grafana/schema/dist/esm/raw/composable/timeseries/panelcfg/x/TimeSeriesPanelCfg_types.gen';
@@ -86,7 +90,17 @@ export type BarGaugePanel = PanelBase & {
   options?: Loose<BarGaugeOptions>;
   fieldConfig?: FieldConfigOf<NoCustom>;
 };
-export type CheckedPanel = TimeSeriesPanel | StatPanel | TablePanel | BarGaugePanel;
+export type HeatmapPanel = PanelBase & {
+  type: 'heatmap';
+  options?: Loose<HeatmapOptions>;
+  fieldConfig?: FieldConfigOf<Loose<HeatmapFieldConfig>>;
+};
+export type CheckedPanel =
+  | TimeSeriesPanel
+  | StatPanel
+  | TablePanel
+  | BarGaugePanel
+  | HeatmapPanel;
 
 // The Prometheus data source's annotation: its query in `target` (Grafana >= 9 moves a
 // top-level `expr` there), the event formatting keys on the annotation itself.

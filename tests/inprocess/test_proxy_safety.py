@@ -48,7 +48,7 @@ async def test_a_hang_up_cancels_upstream_within_100ms_1000_times() -> None:
         assert len(asyncio.all_tasks()) == tasks_before, "leaked tasks"
         assert open_fds() <= fds_before + 4, "leaked sockets"
         assert side.proxy is not None
-        assert side.proxy.accounting.requests[("coding_agent", "", "499")] == 1001
+        assert side.proxy.accounting.requests[("coding_agent", "", "499", "abort")] == 1001
         p99 = statistics.quantiles(delays, n=100)[98]
         print(
             f"hang-up -> upstream abort: median {statistics.median(delays) * 1e3:.2f} ms, "
@@ -76,7 +76,7 @@ async def test_a_hang_up_before_the_response_head_cancels_upstream_too() -> None
             assert time.perf_counter() - hung_up < 1.0, "upstream request not dropped"
             await asyncio.sleep(0.001)
         assert side.proxy is not None
-        assert side.proxy.accounting.requests[("other", "", "499")] == 1
+        assert side.proxy.accounting.requests[("other", "", "499", "abort")] == 1
 
 
 async def test_upstream_down_and_slow_give_502_and_504() -> None:

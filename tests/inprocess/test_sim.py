@@ -202,3 +202,62 @@ async def test_drop_connection_mid_stream(sim: TestClient[Any, Any]) -> None:
         and not line.endswith(" 0.0")
     ]
     assert aborts, "the dropped request counts as an abort"
+
+
+async def acceptances(client: TestClient[Any, Any], n: int, **body: Any) -> list[float]:
+    """Per-request acceptance of n code_agent requests, from their per-request objects."""
+    out = []
+    for _ in range(n):
+        payload = {"messages": CODE, "max_tokens": 400, **body}
+        resp = await (await client.post("/v1/chat/completions", json=payload)).json()
+        obj = resp["metrics"]["speculative_decoding"]
+        out.append(obj["num_accepted_draft_tokens"] / obj["num_draft_tokens"])
+    return out
+
+
+def sd(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+async def test_each_request_draws_its_own_acceptance(sim: TestClient[Any, Any]) -> None:
+    """Default c = 15: requests spread (sd ~0.115 at 0.71, plus their own steps' noise);
+    c = inf: only the steps' noise is left."""
+    spread = await acceptances(sim, 120)
+    assert 0.64 < sum(spread) / len(spread) < 0.78
+    assert 0.09 < sd(spread) < 0.17, sd(spread)
+    changed = {"name": "code_agent", "acceptance": 0.71, "concentration": "inf"}
+    answer = await (await sim.post("/admin/profile", json=changed)).json()
+    assert answer["concentration"] == "inf" and answer["acceptance"] == 0.71
+    alike = await acceptances(sim, 120)
+    assert sd(alike) < sd(spread) / 2, (sd(alike), sd(spread))
+
+
+async def test_sampling_fields_decide_the_length(sim: TestClient[Any, Any]) -> None:
+    async def ending(**body: Any) -> tuple[int, str]:
+        payload = {"messages": JA, "max_tokens": 300, **body}
+        resp = await (await sim.post("/v1/chat/completions", json=payload)).json()
+        return resp["usage"]["completion_tokens"], resp["choices"][0]["finish_reason"]
+
+    natural = [await ending() for _ in range(5)]
+    assert all(n <= 90 and reason == "stop" for n, reason in natural)  # ja_chat: 30-90 tokens
+    assert await ending(ignore_eos=True) == (300, "length")
+    tokens, reason = await ending(min_tokens=200)
+    assert 200 <= tokens <= 300 and reason == "stop"
+    bad = {"messages": JA, "min_tokens": -1}
+    assert (await sim.post("/v1/chat/completions", json=bad)).status == 400
+    bad = {"messages": JA, "ignore_eos": "yes"}
+    assert (await sim.post("/v1/chat/completions", json=bad)).status == 400
+
+
+async def test_a_profile_with_repetition_loops(sim: TestClient[Any, Any]) -> None:
+    loops = {"name": "code_agent", "acceptance": 0.71, "loop_share": 1.0}
+    assert (await sim.post("/admin/profile", json=loops)).status == 200
+    payload = {"messages": CODE, "max_tokens": 500}
+    resp = await (await sim.post("/v1/chat/completions", json=payload)).json()
+    obj = resp["metrics"]["speculative_decoding"]
+    assert resp["choices"][0]["finish_reason"] == "length"
+    assert resp["usage"]["completion_tokens"] == 500
+    assert obj["num_accepted_draft_tokens"] / obj["num_draft_tokens"] > 0.9
+    bad = {"name": "code_agent", "acceptance": 0.5, "loop_share": 2}
+    assert (await sim.post("/admin/profile", json=bad)).status == 400

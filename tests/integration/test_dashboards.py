@@ -117,7 +117,7 @@ def test_dashboards_use_modern_panels_and_the_provisioned_datasource() -> None:
         assert variables["datasource"]["current"]["value"] == DATASOURCE_UID, uid
         for panel in data["panels"]:
             where = f"{uid}: {panel['title']}"
-            assert panel["type"] in ("timeseries", "stat", "table", "bargauge"), where
+            assert panel["type"] in ("timeseries", "stat", "table", "bargauge", "heatmap"), where
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
             assert panel.get("description"), f"{where}: no description"
             assert panel["fieldConfig"]["defaults"].get("noValue"), f"{where}: no noValue"

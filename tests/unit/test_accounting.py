@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter.config import ModelConfig
 from exporter.core.counts import Counts
 from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.proxy.accounting import OTHER_MODEL, Accounting, RequestOutcome
@@ -16,7 +17,8 @@ M = "m"
 
 
 def accounting(k: int | None = 3, max_models: int = 16) -> Accounting:
-    return Accounting(("a", "b", "other"), DEFAULT_WINDOWS, lambda _: k, max_models)
+    models = {} if k is None else {M: ModelConfig(M, k, 1.78)}
+    return Accounting(("a", "b", "other"), DEFAULT_WINDOWS, models, max_models)
 
 
 def estimated(route: str, increments: tuple[int, ...], model: str = M) -> RequestOutcome:
@@ -35,7 +37,8 @@ def test_exact_objects_add_up_per_route_and_only_for_200s() -> None:
     acc.record(RequestOutcome("a", M, "200", 22, exact=one))
     acc.record(RequestOutcome("a", M, "499", 0, exact=one))  # a hang-up counts, not its work
     assert acc.exact[("a", M)] == one + one
-    assert acc.requests[("a", M, "200")] == 2 and acc.requests[("a", M, "499")] == 1
+    assert acc.requests[("a", M, "200", "other")] == 2
+    assert acc.requests[("a", M, "499", "other")] == 1
     assert acc.generation_tokens[("a", M)] == 44
 
 

@@ -1,0 +1,206 @@
+"""The request-level view: how sure each route's acceptance is, how it is spread over the
+route's requests, which requests speculation made slower, how they ended; and "now" on the
+windows SpecDecodeAcceptanceDrop reads, so a panel and the alert never disagree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards import variables as V
+from dashboards.alerts import DROP_FRACTION, DROP_WINDOWS, DROP_Z, MIN_REQUESTS, RUNAWAY_WINDOW
+from dashboards.panels import (
+    COUNT,
+    GREEN,
+    ORANGE,
+    PERCENT,
+    RED,
+    REQUESTS_PER_SECOND,
+    by_name,
+    by_ref,
+    dashboard,
+    dashed,
+    fixed,
+    heatmap,
+    prop,
+    stat,
+    steps,
+    table,
+    timeseries,
+)
+from dashboards.queries import panels as Q
+
+UID = "specdec-requests"
+SHORT, LONG = DROP_WINDOWS
+
+
+def now_stats() -> list[Any]:
+    return [
+        stat(
+            f"Acceptance now ({SHORT}, the alert's short window)",
+            f"Exact acceptance (routes with vLLM's per-request objects) over the last {SHORT}: "
+            "the figure SpecDecodeAcceptanceDrop compares with the route's own day. Routes "
+            "without per-request objects show their overall acceptance. Rule "
+            f"route_model_name:specdec_route_exact_acceptance:ratio_rate{SHORT}.",
+            [("{{route}}", Q.acceptance_now(SHORT))],
+            PERCENT,
+            decimals=1,
+        ),
+        stat(
+            f"Acceptance over {LONG} (the alert's long window)",
+            f"Exact acceptance over the last {LONG}, the window the alert uses for quiet routes. "
+            f"Rule route_model_name:specdec_route_exact_acceptance:ratio_rate{LONG}.",
+            [("{{route}}", Q.acceptance_now(LONG))],
+            PERCENT,
+            decimals=1,
+        ),
+        stat(
+            f"Requests in the last {SHORT} / {LONG}",
+            f"Requests with drafts that ended in each window. Below {MIN_REQUESTS} the alert "
+            "does not judge that window: a few requests say little about a route.",
+            [
+                (f"{{{{route}}}} {SHORT}", Q.exact_rule("spec_requests", "increase", SHORT)),
+                (f"{{{{route}}}} {LONG}", Q.exact_rule("spec_requests", "increase", LONG)),
+            ],
+            COUNT,
+            decimals=0,
+            graph=False,
+        ),
+        stat(
+            "Drop against the day, in standard errors",
+            f"(1-day acceptance - now) / the request-level standard error, {SHORT} and {LONG}. "
+            f"The alert fires above {DROP_Z} (and at least {DROP_FRACTION:.0%} below the day, "
+            f"over at least {MIN_REQUESTS} requests); negative: above the usual level.",
+            [
+                (f"{{{{route}}}} {w}", Q.exact_rule("acceptance_drop", "zscore_rate", w))
+                for w in DROP_WINDOWS
+            ],
+            COUNT,
+            thresholds=steps(GREEN, (DROP_Z / 2, ORANGE), (DROP_Z, RED)),
+            decimals=1,
+            graph=False,
+        ),
+    ]
+
+
+def interval_table() -> Any:
+    columns = {
+        "route": "Route",
+        "model_name": "Model",
+        "Value #A": f"Acceptance ({LONG})",
+        "Value #B": "- 2 SE",
+        "Value #C": "+ 2 SE",
+        "Value #D": "Requests",
+        "Value #E": "Last 24 h",
+    }
+    percent = (f"Acceptance ({LONG})", "- 2 SE", "+ 2 SE", "Last 24 h")
+    return table(
+        "Routes: acceptance with its 95 % interval",
+        f"Per route over the last {LONG}: exact acceptance and the interval of two "
+        "request-level standard errors around it (requests, not tokens, are the independent "
+        "units, so a window of a few long requests gets the wide interval it deserves). Two "
+        "routes differ when their intervals do not overlap; the PromQL cookbook has the "
+        "difference with its own standard error.",
+        [
+            ("", Q.exact_rule("exact_acceptance", "ratio_rate", LONG)),
+            ("", Q.acceptance_band(LONG, "-")),
+            ("", Q.acceptance_band(LONG, "+")),
+            ("", Q.exact_rule("spec_requests", "increase", LONG)),
+            ("", Q.exact_rule("exact_acceptance", "ratio_rate", "1d")),
+        ],
+        columns=columns,
+        sort_by="route",
+        overrides=[
+            *(by_name(name, prop("unit", PERCENT), prop("decimals", 1)) for name in percent),
+            by_name("Requests", prop("unit", COUNT), prop("decimals", 0)),
+        ],
+    )
+
+
+def per_route() -> list[tuple[int, list[Any]]]:
+    band = timeseries(
+        "Acceptance and its 95 % interval: $route",
+        "Exact acceptance over 5-minute windows (solid) and two request-level standard errors "
+        "either side (shaded). A narrow band: many requests, alike. A wide one: few requests, "
+        "or requests that differ (a route mixing kinds of prompts).",
+        [
+            ("acceptance", Q.exact_rule("exact_acceptance", "ratio_rate", "5m")),
+            ("+2 SE", Q.acceptance_band("5m", "+")),
+            ("-2 SE", Q.acceptance_band("5m", "-")),
+        ],
+        PERCENT,
+        min_value=0,
+        max_value=1,
+        repeat="route",
+        overrides=[
+            by_ref(
+                "B",
+                prop("custom.fillBelowTo", "-2 SE"),
+                prop("custom.fillOpacity", 20),
+                prop("custom.lineWidth", 0),
+            ),
+            by_ref("C", prop("custom.lineWidth", 0)),
+        ],
+    )
+    spread = heatmap(
+        "Per-request acceptance: $route",
+        "How acceptance is spread over the route's requests, over time: each column counts the "
+        "requests that ended in that slice by their own acceptance. A band near 0 on a route "
+        "that is normally high: garbled output or a draft/target mismatch; a band at 1 with "
+        "requests cut by max_tokens: repetition loops.",
+        Q.acceptance_heatmap(),
+        PERCENT,
+        repeat="route",
+    )
+    return [(9, [band]), (9, [spread])]
+
+
+def outcomes() -> list[Any]:
+    slower = timeseries(
+        "Requests speculation made slower",
+        "Share of each route's requests whose own tokens per step were below the model's "
+        "step_cost_ratio: for them a verify step cost more than it produced (models with a "
+        "config only). A route can pay on average and still slow down a share of its requests.",
+        [("{{route}}", Q.below_breakeven_share())],
+        PERCENT,
+        min_value=0,
+        max_value=1,
+    )
+    finish = timeseries(
+        "How requests ended, by route",
+        "Completion requests per second by finish_reason: stop, length (cut by max_tokens), "
+        "tool_calls, abort (the client hung up) and other. A rise of `length` with acceptance "
+        "near 1 is the signature of repetition loops.",
+        [("{{route}} {{finish_reason}}", Q.finish_reasons())],
+        REQUESTS_PER_SECOND,
+        min_value=0,
+        stack=True,
+    )
+    anomalies = timeseries(
+        f"Runaway and collapsed requests ({RUNAWAY_WINDOW})",
+        f"Per route over {RUNAWAY_WINDOW}: the share of requests cut by max_tokens at "
+        "acceptance near 1 (repetition loops, solid) and of requests with acceptance <= 5 % "
+        "(dashed). Alerts SpecDecodeRunawayGenerations and SpecDecodeAcceptanceCollapsed.",
+        [
+            ("runaway {{route}}", Q.exact_rule("runaway_requests", "share_rate", RUNAWAY_WINDOW)),
+            (
+                "collapsed {{route}}",
+                Q.exact_rule("collapsed_requests", "share_rate", RUNAWAY_WINDOW),
+            ),
+        ],
+        PERCENT,
+        min_value=0,
+        max_value=1,
+        overrides=[by_ref("B", dashed(), fixed(RED))],
+    )
+    return [slower, finish, anomalies]
+
+
+def build() -> Any:
+    return dashboard(
+        UID,
+        "specdec / Requests",
+        "Per route, from the requests themselves: how sure the acceptance figure is, how it is "
+        "spread over requests, which requests speculation made slower and how they ended.",
+        [V.datasource(), V.job(), V.route_model(), V.route()],
+        [(5, now_stats()), (7, [interval_table()]), *per_route(), (8, outcomes())],
+    )

@@ -1,0 +1,105 @@
+"""The request-level view of each route (exact requests only): the per-request moments behind
+a window's standard error, the distribution of per-request acceptance, the requests that
+speculation made slower and the ones that look like repetition loops; and, for people reading
+the sidecar directly, each window's standard error and request count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from exporter.proxy.accounting import RUNAWAY_ACCEPTANCE, Accounting
+
+ROUTE = ["route", "model_name"]
+MOMENTS = (  # family, help, field of RequestMoments: the names are a contract
+    (
+        "specdec_route_spec_requests",
+        "Requests whose per-request object was read and had at least one draft token (m).",
+        "requests",
+    ),
+    (
+        "specdec_route_request_draft_tokens_squared",
+        "Sum over those requests of the square of their draft tokens (S_tt).",
+        "draft_tokens_squared",
+    ),
+    (
+        "specdec_route_request_accepted_tokens_squared",
+        "Sum over those requests of the square of their accepted draft tokens (S_aa).",
+        "accepted_squared",
+    ),
+    (
+        "specdec_route_request_accepted_times_draft_tokens",
+        "Sum over those requests of accepted times draft tokens (S_at).",
+        "accepted_times_draft_tokens",
+    ),
+)
+
+
+class RequestCollector(Collector):
+    def __init__(self, accounting: Accounting, clock: Callable[[], float]) -> None:
+        self.accounting = accounting
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        acc = self.accounting
+        for name, doc, attribute in MOMENTS:
+            family = CounterMetricFamily(name, doc, labels=ROUTE)
+            for key, moments in sorted(acc.moments.items()):
+                family.add_metric(list(key), getattr(moments, attribute))
+            yield family
+        slower = CounterMetricFamily(
+            "specdec_route_requests_below_breakeven",
+            "Requests whose own tokens per step / the model's step_cost_ratio < 1: speculation "
+            "made them slower (models with a config only).",
+            labels=ROUTE,
+        )
+        # every route with exact requests gets both counters from 0, so the first one counts
+        # in rate() and a share has its denominator's series to divide
+        for key in sorted(acc.moments):
+            slower.add_metric(list(key), float(acc.below_breakeven[key]))
+        runaway = CounterMetricFamily(
+            "specdec_route_runaway_requests",
+            f"Requests cut by max_tokens (finish_reason length) with acceptance >= "
+            f"{RUNAWAY_ACCEPTANCE}: the signature of a repetition loop.",
+            labels=ROUTE,
+        )
+        for key in sorted(acc.moments):
+            runaway.add_metric(list(key), float(acc.runaway[key]))
+        histogram = HistogramMetricFamily(
+            "specdec_route_request_acceptance_ratio",
+            "Per request: accepted / draft tokens (requests with at least one draft token).",
+            labels=ROUTE,
+        )
+        for key, buckets in sorted(acc.acceptance.items()):
+            histogram.add_metric(list(key), buckets.cumulative(), buckets.sum)
+        yield from (slower, runaway, histogram)
+        yield from self._windows()
+
+    def _windows(self) -> Iterator[Metric]:
+        labels = [*ROUTE, "window"]
+        stderr = GaugeMetricFamily(
+            "specdec_route_acceptance_stderr",
+            "Cluster-robust standard error of the route's exact acceptance over the window "
+            "(requests as the units); absent below two requests.",
+            labels=labels,
+        )
+        requests = GaugeMetricFamily(
+            "specdec_route_window_spec_requests",
+            "Requests with at least one draft token that ended in the window.",
+            labels=labels,
+        )
+        now, history = self.clock(), self.accounting.moments_history
+        for window in history.windows:
+            for key, moments in sorted(history.increase(window, now).items()):
+                series = [*key, window.label]
+                requests.add_metric(series, moments.requests)
+                if (se := moments.stderr()) is not None:
+                    stderr.add_metric(series, se)
+        yield from (stderr, requests)
