@@ -128,25 +128,50 @@ def prometheus_config(sim_port: int, sidecar_port: int, rule_files: list[Path]) 
 
 def history(now: float) -> str:
     """OpenMetrics for `promtool tsdb create-blocks-from`: a day of each demo route's counters
-    at its profile's level (ending a minute before now), and yesterday's hourly acceptance."""
+    (ending a minute before now) at its profile's level, with the per-request spread the
+    simulator draws (sd ~0.115 of a request's acceptance), and yesterday's hourly acceptance."""
     start, end, step = int(now) - 25 * 3600, int(now) - 60, 60
-    per_minute = {  # route -> draft tokens and requests per minute
-        "voice_chat": (3000.0, 8.0),
-        "coding_agent": (4000.0, 4.0),
-    }
+    per_minute = {"voice_chat": (8, 300), "coding_agent": (4, 1000)}  # requests, draft tokens each
+    spread = 0.115
+
+    def per_request(route: str, name: str) -> float:
+        """One minute's increase of a counter: m requests of t draft tokens, accepting p t
+        +- spread t in turn."""
+        m, t = per_minute[route]
+        p = LEVELS[route]
+        values = {
+            "specdec_route_draft_tokens": m * t,
+            "specdec_route_accepted_tokens": m * p * t,
+            "specdec_route_drafts": m * t / 3,
+            "specdec_route_spec_requests": m,
+            "specdec_route_request_draft_tokens_squared": m * t * t,
+            "specdec_route_request_accepted_tokens_squared": m * ((p * t) ** 2 + (spread * t) ** 2),
+            "specdec_route_request_accepted_times_draft_tokens": m * p * t * t,
+            "specdec_route_runaway_requests": 0,
+            "specdec_route_requests_below_breakeven": 0,
+        }
+        return values[name]
+
+    exact = ("specdec_route_draft_tokens", "specdec_route_accepted_tokens", "specdec_route_drafts")
+    names = (
+        *exact,
+        "specdec_route_spec_requests",
+        "specdec_route_request_draft_tokens_squared",
+        "specdec_route_request_accepted_tokens_squared",
+        "specdec_route_request_accepted_times_draft_tokens",
+        "specdec_route_runaway_requests",
+        "specdec_route_requests_below_breakeven",
+    )
     lines = []
-    counters = {
-        "specdec_route_draft_tokens": lambda route, n: per_minute[route][0] * n,
-        "specdec_route_accepted_tokens": lambda route, n: LEVELS[route] * per_minute[route][0] * n,
-        "specdec_route_drafts": lambda route, n: per_minute[route][0] / 3 * n,
-    }
-    for name, value in counters.items():
+    for name in names:
         lines.append(f"# TYPE {name} counter")
         for route in LEVELS:
             labels = f'job="specdec",instance="backfill",model_name="{MODEL}",route="{route}"'
-            labels += ',source="exact"'
+            if name in exact:
+                labels += ',source="exact"'
+            increase = per_request(route, name)
             for n, ts in enumerate(range(start, end, step)):
-                lines.append(f"{name}_total{{{labels}}} {value(route, n):.1f} {ts}")
+                lines.append(f"{name}_total{{{labels}}} {increase * n:.1f} {ts}")
     rule = "route_model_name:specdec_route_acceptance:ratio_rate1h"
     lines.append(f"# TYPE {rule} gauge")
     for route, level in LEVELS.items():

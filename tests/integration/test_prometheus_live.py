@@ -82,3 +82,32 @@ def test_acceptance_drop_fires_for_the_changed_route_only(live: Live) -> None:
     others = live.query(f'ALERTS{{alertname="{ALERT}", route!="coding_agent"}}')
     assert others == [], others
     print(f"{ALERT} firing {took:.0f} s after the change (shipped rules)")
+
+
+@pytest.mark.changes_live
+def test_a_repetition_loop_fires_the_runaway_alert(live: Live) -> None:
+    """Half of the agent's requests become loops (acceptance near 1, run to max_tokens)."""
+    alert = "SpecDecodeRunawayGenerations"
+    share = "route_model_name:specdec_route_runaway_requests:share_rate10m"
+    assert live.query(f'ALERTS{{alertname="{alert}"}}') == []
+    loops = {"name": "code_agent", "acceptance": 0.71, "loop_share": 0.5}
+    assert post_json(f"{live.sim}/admin/profile", loops)["loop_share"] == 0.5
+    start = time.monotonic()
+    firing = f'ALERTS{{alertname="{alert}", alertstate="firing", route="coding_agent"}}'
+    try:
+        live.poll(
+            lambda: live.query(firing),
+            240,
+            lambda: f"{alert} firing for coding_agent; share now: {live.query(share)}",
+        )
+    finally:
+        post_json(f"{live.sim}/admin/profile", {**loops, "loop_share": 0.0})
+    took = time.monotonic() - start
+    # the loops are what it saw: the route's requests ended by length, the voice route's not
+    ended = live.query(
+        'sum by (route) (rate(specdec_route_requests_total{finish_reason="length"}[1m]))'
+    )
+    by_route = {s["metric"]["route"]: float(s["value"][1]) for s in ended}
+    assert by_route.get("coding_agent", 0) > 0, by_route
+    assert live.query(f'ALERTS{{alertname="{alert}", route!="coding_agent"}}') == []
+    print(f"{alert} firing {took:.0f} s after loops began (shipped rules)")

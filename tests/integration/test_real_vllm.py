@@ -640,6 +640,59 @@ async def test_proxy_route_counters_are_exact_on_real_vllm(real: RealVllm) -> No
         assert voice < agent, (voice, agent)  # Japanese ~0.4, code ~0.9 (NOTES.md)
 
 
+async def test_request_moments_equal_the_objects_received_on_real_vllm(real: RealVllm) -> None:
+    """Every reply carries its per-request object (whole responses, streams with usage), so the
+    test knows each request's draft tokens t and accepted drafts a: the sidecar's moment
+    counters, histogram count, below-break-even and finish_reason counts are their sums."""
+    srv = real.main
+    routes = ("voice_chat", "coding_agent")
+    async with sidecar(srv.base_url) as (_, proxy, metrics):
+        jobs = [
+            route_job(proxy, route, ("whole", "stream_usage")[i % 2], 16 + 9 * i)
+            for i in range(6)
+            for route in routes
+        ]
+        replies = await send_all(jobs)
+        want: dict[str, dict[str, float]] = {r: {} for r in routes}
+        ended: dict[tuple[str, str], float] = {}
+        for (url, _, _), reply in zip(jobs, replies, strict=True):
+            route = "coding_agent" if "/agent/" in url else "voice_chat"
+            spec = reply.spec()
+            assert reply.status == 200 and spec is not None, reply.raw[:200]
+            doc = (
+                reply.chunks()[-2] if reply.content_type.startswith("text/event") else reply.json()
+            )
+            finish = doc["choices"][0]["finish_reason"]
+            ended[(route, finish)] = ended.get((route, finish), 0.0) + 1
+            a, tokens = spec["num_accepted_draft_tokens"], spec["num_draft_tokens"]
+            if tokens < 1:
+                continue
+            sums = want[route]
+            for name, term in (
+                ("specdec_route_spec_requests_total", 1),
+                ("specdec_route_request_draft_tokens_squared_total", tokens * tokens),
+                ("specdec_route_request_accepted_tokens_squared_total", a * a),
+                ("specdec_route_request_accepted_times_draft_tokens_total", a * tokens),
+                ("specdec_route_request_acceptance_ratio_count", 1),
+                (
+                    "specdec_route_requests_below_breakeven_total",
+                    (1 + a / spec["num_spec_steps"]) / 1.5 < 1,
+                ),
+            ):
+                sums[name] = sums.get(name, 0.0) + term
+        page = await eventually(functools.partial(settled, metrics, {r: 6.0 for r in routes}), 10.0)
+        for route in routes:
+            assert want[route].get("specdec_route_spec_requests_total", 0) >= 3, want
+            got = {
+                name: value(page, name, route=route, model_name=MODEL) or 0.0
+                for name in want[route]
+            }
+            assert got == want[route], (route, got, want[route])
+        for (route, finish), n in ended.items():
+            labels = {"route": route, "finish_reason": finish, "status": "200"}
+            assert value(page, "specdec_route_requests_total", **labels) == n, (route, finish)
+
+
 async def settled(metrics: str, want: dict[str, float]) -> Page | None:
     """The sidecar's page once it has accounted `want` requests per route (accounting ends
     just after the client got the last byte)."""
