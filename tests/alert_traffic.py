@@ -44,13 +44,14 @@ class RouteTraffic:
     per_minute: float  # requests completing per minute (Poisson)
     mean: Mean | float = 0.71
     concentration: float = 15.0
-    kinds: tuple[tuple[Mean | float, float], ...] = ()  # (mean, weight): prompt kinds
+    kinds: tuple[tuple[Mean | float, Mean | float], ...] = ()  # (mean, share): prompt kinds
     steps: tuple[int, int] = (20, 120)  # verify steps of a request, uniform
     requests: list[tuple[float, int, float]] = field(default_factory=list)  # done, steps, p
 
     def mean_at(self, t: float, rng: random.Random) -> float:
         if self.kinds:
-            means, weights = zip(*self.kinds, strict=True)
+            means = [m for m, _ in self.kinds]
+            weights = [w(t) if callable(w) else w for _, w in self.kinds]
             chosen = rng.choices(means, weights)[0]
             return chosen(t) if callable(chosen) else chosen
         return self.mean(t) if callable(self.mean) else self.mean
