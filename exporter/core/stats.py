@@ -32,33 +32,27 @@ class RequestMoments:
     draft_tokens_squared: float = 0.0
     accepted_times_draft_tokens: float = 0.0
 
-    @classmethod
-    def of(cls, accepted: float, draft_tokens: float) -> RequestMoments:
-        """One request's contribution (nothing when it proposed no draft token)."""
+    def with_request(self, accepted: float, draft_tokens: float) -> RequestMoments:
+        """These sums plus one request (unchanged when it proposed no draft token)."""
         if draft_tokens <= 0:
-            return cls()
-        return cls(
-            1.0, accepted, draft_tokens, accepted**2, draft_tokens**2, accepted * draft_tokens
-        )
-
-    def __add__(self, other: RequestMoments) -> RequestMoments:
+            return self
         return RequestMoments(
-            *(a + b for a, b in zip(self._values(), other._values(), strict=True))
+            self.requests + 1,
+            self.accepted + accepted,
+            self.draft_tokens + draft_tokens,
+            self.accepted_squared + accepted * accepted,
+            self.draft_tokens_squared + draft_tokens * draft_tokens,
+            self.accepted_times_draft_tokens + accepted * draft_tokens,
         )
 
     def __sub__(self, other: RequestMoments) -> RequestMoments:
         return RequestMoments(
-            *(a - b for a, b in zip(self._values(), other._values(), strict=True))
-        )
-
-    def _values(self) -> tuple[float, ...]:
-        return (
-            self.requests,
-            self.accepted,
-            self.draft_tokens,
-            self.accepted_squared,
-            self.draft_tokens_squared,
-            self.accepted_times_draft_tokens,
+            self.requests - other.requests,
+            self.accepted - other.accepted,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted_squared - other.accepted_squared,
+            self.draft_tokens_squared - other.draft_tokens_squared,
+            self.accepted_times_draft_tokens - other.accepted_times_draft_tokens,
         )
 
     def stderr(self) -> float | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts
-from exporter.core.payoff import Decode, estimated_speedup
+from exporter.core.payoff import Decode
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
@@ -164,18 +164,21 @@ class Accounting:
 
     def _request_view(self, key: RouteKey, exact: Counts, finish_reason: str) -> None:
         """One exact request's own figures: its moments, acceptance, payoff and loop signature."""
-        if exact.draft_tokens <= 0:
+        accepted, tokens = exact.accepted, exact.draft_tokens
+        if tokens <= 0:
             return
-        self.moments[key] = self.moments.get(key, RequestMoments()) + RequestMoments.of(
-            exact.accepted, exact.draft_tokens
-        )
-        acceptance = exact.accepted / exact.draft_tokens
-        self.acceptance.setdefault(key, Buckets(ACCEPTANCE_BUCKETS)).observe(acceptance)
+        moments = self.moments.get(key)
+        self.moments[key] = (moments or RequestMoments()).with_request(accepted, tokens)
+        acceptance = accepted / tokens
+        buckets = self.acceptance.get(key)
+        if buckets is None:
+            buckets = self.acceptance[key] = Buckets(ACCEPTANCE_BUCKETS)
+        buckets.observe(acceptance)
         config = self.model_configs.get(key[1])
-        if config is not None and exact.drafts:
-            tokens_per_step = 1 + exact.accepted / exact.drafts
-            if estimated_speedup(tokens_per_step, config.step_cost_ratio) < 1:
-                self.below_breakeven[key] += 1
+        drafts = exact.drafts
+        # slower: its own tokens per step / the step cost < 1
+        if config is not None and drafts and 1 + accepted / drafts < config.step_cost_ratio:
+            self.below_breakeven[key] += 1
         if finish_reason == "length" and acceptance >= RUNAWAY_ACCEPTANCE:
             self.runaway[key] += 1
 

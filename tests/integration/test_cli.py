@@ -53,3 +53,10 @@ def test_usage_errors_exit_2() -> None:
         result = subprocess.run(specdec(*args), capture_output=True, text=True)
         assert result.returncode == 2, args
         assert "config error" in result.stderr and "--" in result.stderr
+
+
+def test_sim_profile_flags_are_checked() -> None:
+    for bad in ("code_agent=1.5", "code_agent=0.7:0", "code_agent=x", "=0.5"):
+        result = subprocess.run(specdec("sim", "--profile", bad), capture_output=True, text=True)
+        assert result.returncode == 2, bad
+        assert "specdec sim: bad arguments" in result.stderr and "Traceback" not in result.stderr

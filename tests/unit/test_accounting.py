@@ -130,3 +130,41 @@ def test_estimates_never_go_down_and_never_exceed_the_engine(
             before[key] = now
         total = [sum(x) for x in zip(*(vector(c) for c in acc.estimated.values()), strict=True)]
         assert all(t <= e + 1e-6 for t, e in zip(total, vector(engine), strict=True))
+
+
+def test_the_request_level_view_of_exact_requests() -> None:
+    acc = accounting(k=3)  # step cost 1.78
+    requests = [  # (drafts, draft tokens, accepted, finish)
+        (10, 30, 27, "length"),  # acceptance 0.9, 3.7 tokens/step: pays; not a loop (< 0.95)
+        (10, 30, 30, "length"),  # 1.0 and cut by max_tokens: a loop
+        (10, 30, 30, "stop"),  # 1.0 but it ended by itself: not a loop
+        (10, 30, 3, "stop"),  # 0.1: 1.3 tokens/step < 1.78, speculation made it slower
+        (0, 0, 0, "stop"),  # no drafts: no moments, no histogram
+    ]
+    for drafts, tokens, accepted, finish in requests:
+        exact = Counts(drafts, tokens, accepted, (0, 0, 0))
+        acc.record(RequestOutcome("a", M, "200", 40, finish_reason=finish, exact=exact))
+    moments = acc.moments[("a", M)]
+    assert moments.requests == 4 and moments.accepted == 90 and moments.draft_tokens == 120
+    assert moments.accepted_squared == 27**2 + 30**2 + 30**2 + 3**2
+    assert moments.draft_tokens_squared == 4 * 900
+    assert moments.accepted_times_draft_tokens == 30 * 90
+    histogram = dict(acc.acceptance[("a", M)].cumulative())
+    assert histogram["+Inf"] == 4 and histogram["0.1"] == 1 and histogram["0.9"] == 2
+    assert acc.below_breakeven[("a", M)] == 1
+    assert acc.runaway[("a", M)] == 1
+    assert acc.requests[("a", M, "200", "length")] == 2
+    assert acc.requests[("a", M, "200", "stop")] == 3
+
+
+def test_finish_reasons_are_bounded() -> None:
+    from exporter.proxy.accounting import finish_label
+
+    assert [finish_label(r) for r in ("stop", "length", "tool_calls", "abort")] == [
+        "stop",
+        "length",
+        "tool_calls",
+        "abort",
+    ]
+    assert finish_label("content_filter") == "other" and finish_label(None) == "other"
+    assert finish_label(["stop"]) == "other"

@@ -30,7 +30,7 @@ def direct_stderr(requests: list[tuple[int, int]]) -> float:
 def moments(requests: list[tuple[int, int]]) -> RequestMoments:
     total = RequestMoments()
     for a, t in requests:
-        total = total + RequestMoments.of(a, t)
+        total = total.with_request(a, t)
     return total
 
 
@@ -59,7 +59,7 @@ def test_windows_are_differences_of_the_running_sums() -> None:
 
 def test_no_stderr_below_two_requests_or_without_drafts() -> None:
     assert moments([(3, 9)]).stderr() is None
-    assert RequestMoments.of(0, 0) == RequestMoments()
+    assert RequestMoments().with_request(0, 0) == RequestMoments()
     assert RequestMoments().stderr() is None
 
 
