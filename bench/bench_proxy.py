@@ -60,7 +60,7 @@ from typing import Any
 from _run import die_with_parent, free_port, guarded
 from _stream_client import Pool, Sample
 
-from exporter.sidecar import loop_factory
+from exporter.process import loop_factory
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -29,8 +29,9 @@ from aiohttp import web
 
 from exporter import config
 from exporter.demo import MODEL
+from exporter.process import loop_factory
 from exporter.proxy import upstream
-from exporter.sidecar import Sidecar, loop_factory
+from exporter.sidecar import Sidecar
 from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
 

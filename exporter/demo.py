@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import shutil
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -27,13 +24,16 @@ from aiohttp import web
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
 from exporter.core.counts import ratios, total
 from exporter.core.windows import DEFAULT_WINDOWS
+from exporter.demo_prometheus import log_path, prometheus_child
 from exporter.measure.scenarios import Scenario, builtin
 from exporter.measure.stream_client import RequestFailed, stream_chat
+from exporter.process import run_until_stopped
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
 from exporter.sim.server import build_app
 
 MODEL = "sim-27b"
+V = TypeVar("V")
 
 
 @dataclass
@@ -101,25 +101,27 @@ async def _traffic(
 
 
 def route_line(sidecar: Sidecar, route: str) -> str:
-    """Since-start acceptance and tokens per step, and the last window's decode rate."""
+    """The route over the last window (the proxy's exact accounting): acceptance with its 95 %
+    interval (request-level), tokens per step, decode rate, requests."""
     assert sidecar.proxy is not None
     acc = sidecar.proxy.accounting
-    counts = total([c for (r, _), c in acc.snapshot().items() if r == route])
-    r = ratios(counts)
+    window, now = acc.history.windows[0], time.monotonic()
+
+    def mine(table: Mapping[tuple[str, str], V]) -> list[V]:
+        return [value for (name, _), value in table.items() if name == route]
+
+    r = ratios(total(mine(acc.history.increase(window, now))))
     if r.acceptance is None or r.mean_acceptance_length is None:
-        return f"{route:<13} no completed requests yet"
-    window = acc.decode_history.windows[0]
-    decode = [
-        d
-        for (name, _), d in acc.decode_history.increase(window, time.monotonic()).items()
-        if name == route
-    ]
+        return f"{route:<13} no completed requests in the last {window.label}"
+    moments = mine(acc.moments_history.increase(window, now))
+    se = moments[0].stderr() if moments else None
+    interval = f" ±{196 * se:4.1f}" if se is not None else "      "
+    requests = f"{moments[0].requests:.0f}" if moments else "-"
+    decode = mine(acc.decode_history.increase(window, now))
     rate = f"{decode[0].rate:6.1f}" if decode and decode[0].rate else "     -"
-    requests = sum(n for (name, *_), n in acc.requests.items() if name == route)
-    share = f"({counts.accepted:.0f}/{counts.draft_tokens:.0f})"
     return (
-        f"{route:<13} acceptance {100 * r.acceptance:5.1f}% {share}"
-        f"  tokens/step {r.mean_acceptance_length:.2f}  decode {rate} tok/s"
+        f"{route:<13} acceptance {100 * r.acceptance:5.1f}%{interval} over {window.label} "
+        f"(proxy)  tokens/step {r.mean_acceptance_length:.2f}  decode {rate} tok/s"
         f"  requests {requests}"
     )
 
@@ -131,8 +133,8 @@ def engine_line(sidecar: Sidecar) -> str:
     if r.acceptance is None or r.mean_acceptance_length is None:
         return f"{'engine':<13} no drafts in the last {window.label} yet"
     return (
-        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}% over {window.label} (vLLM counters)"
-        f"  tokens/step {r.mean_acceptance_length:.2f}"
+        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}%       over {window.label} "
+        f"(vLLM)   tokens/step {r.mean_acceptance_length:.2f}"
     )
 
 
@@ -140,18 +142,24 @@ async def run(opts: Options) -> None:
     engine = SimEngine(MODEL, speed=opts.speed)
     runner = web.AppRunner(build_app(engine, "summary"), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, opts.host, opts.sim_port).start()
     sidecar = Sidecar(config(opts))
     try:
+        await web.TCPSite(runner, opts.host, opts.sim_port).start()
         await sidecar.start()
-        with _prometheus(opts) as prometheus:
-            await _report(opts, sidecar, prometheus)
+        scraped = {"specdec": opts.sidecar_port, "vllm": opts.sim_port}
+        prometheus = (
+            prometheus_child(opts.host, opts.prometheus_port, scraped)
+            if opts.with_prometheus
+            else contextlib.nullcontext(None)
+        )
+        async with prometheus as url:
+            await _report(opts, sidecar, url)
     finally:
         await sidecar.stop()
         await runner.cleanup()
 
 
-async def _report(opts: Options, sidecar: Sidecar, prometheus: bool) -> None:
+async def _report(opts: Options, sidecar: Sidecar, prometheus: str | None) -> None:
     base = f"http://{opts.host}"
     print(f"simulated vLLM   {base}:{opts.sim_port}/v1  (metrics: {base}:{opts.sim_port}/metrics)")
     print(
@@ -160,9 +168,9 @@ async def _report(opts: Options, sidecar: Sidecar, prometheus: bool) -> None:
     )
     print(f"specdec sidecar  {base}:{opts.sidecar_port}/metrics")
     if prometheus:
-        print(f"prometheus       {base}:{opts.prometheus_port}")
+        print(f"prometheus       {prometheus}  (log: {log_path(opts.prometheus_port)})")
     print(
-        "traffic: Japanese voice chat and an English coding agent on one engine; Ctrl-C stops\n",
+        "traffic: Japanese voice chat and an English coding agent on one engine; Ctrl-C stops",
         flush=True,
     )
     failures = [0]
@@ -192,42 +200,6 @@ async def _report(opts: Options, sidecar: Sidecar, prometheus: bool) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-@contextlib.contextmanager
-def _prometheus(opts: Options) -> Iterator[bool]:
-    """Debian's prometheus on ./prometheus.yml with a throw-away TSDB, if it is there."""
-    binary, config = shutil.which("prometheus"), Path("prometheus.yml")
-    if not opts.with_prometheus:
-        yield False
-        return
-    if binary is None or not config.exists():
-        print(
-            "--with-prometheus: needs `prometheus` on PATH and ./prometheus.yml (run from the repo)"
-        )
-        yield False
-        return
-    with tempfile.TemporaryDirectory(prefix="specdec-demo-prometheus-") as data:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={data}",
-                f"--web.listen-address={opts.host}:{opts.prometheus_port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            yield True
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def main(opts: Options) -> None:
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(opts))
+    """Until SIGINT, SIGTERM or SIGHUP: then everything it started is stopped (exit 0)."""
+    run_until_stopped(lambda: run(opts))

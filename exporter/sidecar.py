@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import signal
 import time
-from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -21,6 +19,7 @@ from exporter.export.model_collector import ModelCollector
 from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector, engine_by_model
 from exporter.export.target_collector import TargetCollector
+from exporter.process import run_until_stopped
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
 from exporter.scrape.target import Clock, Scraper, TargetState
@@ -132,45 +131,27 @@ class Sidecar:
 
 
 async def run(config: Config) -> None:
-    """Run until cancelled (Ctrl-C / SIGTERM)."""
+    """Run until cancelled (a stop signal, see exporter/process.py); whatever started is
+    stopped again, also when starting fails half-way."""
     sidecar = Sidecar(config)
-    await sidecar.start()
-    host, port = config.listen
     log = logs.get("serve")
-    log.info("listening", url=f"http://{host}:{port}/metrics", targets=len(config.targets))
-    if config.proxy is not None:
-        log.info(
-            "proxy listening",
-            listen=f"{config.proxy.listen[0]}:{config.proxy.listen[1]}",
-            upstream=config.proxy.upstream,
-            routes=list(config.proxy.route_names),
-        )
     try:
+        await sidecar.start()
+        host, port = config.listen
+        log.info("listening", url=f"http://{host}:{port}/metrics", targets=len(config.targets))
+        if config.proxy is not None:
+            log.info(
+                "proxy listening",
+                listen=f"{config.proxy.listen[0]}:{config.proxy.listen[1]}",
+                upstream=config.proxy.upstream,
+                routes=list(config.proxy.route_names),
+            )
         await asyncio.Event().wait()
     finally:
         await sidecar.stop()
+        log.info("stopped")
 
 
 def serve(config: Config) -> None:
-    async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await run(config)
-
-    with (
-        contextlib.suppress(KeyboardInterrupt),
-        asyncio.Runner(loop_factory=loop_factory()) as runner,
-    ):
-        runner.run(main())
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (the `fast` extra): the proxy's cost is mostly per-chunk socket
-    writes, which uvloop's C transport does in a fraction of asyncio's time."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    """`specdec serve`: until SIGINT, SIGTERM or SIGHUP (exit 0)."""
+    run_until_stopped(lambda: run(config))

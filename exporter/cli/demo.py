@@ -7,6 +7,7 @@ import sys
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.process import AddressInUse, check_free
 
 
 def register(verbs: Verbs) -> None:
@@ -16,7 +17,7 @@ def register(verbs: Verbs) -> None:
         description="Run the whole bundle on a laptop: the vLLM simulator, the sidecar scraping "
         "it, and traffic from a Japanese voice chat and an English coding agent sharing one "
         "engine. Prints the URLs, then every few seconds a line per workload and for the engine. "
-        "Ctrl-C stops everything.",
+        "Ctrl-C (or SIGTERM, SIGHUP) stops everything it started and exits 0.",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind everything to (default 127.0.0.1)"
@@ -24,6 +25,12 @@ def register(verbs: Verbs) -> None:
     p.add_argument("--sim-port", type=int, default=8000, help="simulated vLLM port (default 8000)")
     p.add_argument(
         "--sidecar-port", type=int, default=10419, help="sidecar /metrics port (default 10419)"
+    )
+    p.add_argument(
+        "--proxy-port",
+        type=int,
+        default=8001,
+        help="route-tagging proxy port, where the workloads send their requests (default 8001)",
     )
     p.add_argument(
         "--speed",
@@ -68,12 +75,14 @@ def register(verbs: Verbs) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from exporter import demo
+    from exporter.demo_prometheus import ChildFailed
 
     logs.setup("warning")
     options = demo.Options(
         host=args.host,
         sim_port=args.sim_port,
         sidecar_port=args.sidecar_port,
+        proxy_port=args.proxy_port,
         speed=args.speed,
         concurrency=args.concurrency,
         report_every=args.report_every,
@@ -87,5 +96,21 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    demo.main(options)
+    ports = [
+        (args.host, args.sim_port, "--sim-port"),
+        (args.host, args.sidecar_port, "--sidecar-port"),
+        (args.host, args.proxy_port, "--proxy-port"),
+    ]
+    if args.with_prometheus:
+        ports.append((args.host, args.prometheus_port, "--prometheus-port"))
+    try:
+        check_free(ports)
+    except AddressInUse as exc:
+        print(f"specdec demo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        demo.main(options)
+    except ChildFailed as exc:
+        print(f"specdec demo: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -10,6 +10,8 @@ from exporter.cli.common import EXIT_USAGE, Verbs
 from exporter.config import ENGINE_KINDS
 from exporter.scrape.families import families
 
+EXIT_NO_DATA = 1  # a page without spec-decode counters
+
 
 def register(verbs: Verbs) -> None:
     p = verbs.add_parser(
@@ -47,6 +49,25 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"specdec: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    doc = report(delta(before, after, families(args.engine, args.prefix)))
+    fams = families(args.engine, args.prefix)
+    found = delta(before, after, fams)
+    for path, empty in ((args.before, found.before_empty), (args.after, found.after_empty)):
+        if empty:
+            print(
+                f"specdec derive: {path} has no speculative-decoding counters "
+                f"({fams.lead}*_total): not a /metrics page of {args.engine} with speculation "
+                "on (see --engine, --prefix)",
+                file=sys.stderr,
+            )
+            return EXIT_NO_DATA
+    if found.restarted:
+        print(
+            f"specdec derive: warning: counters are lower in {args.after} than in {args.before} "
+            f"({', '.join(f'{m} engine {e}' for m, e in found.restarted)}): treated as an engine "
+            "restart, the increase being AFTER's value; if the engine did not restart, the files "
+            "are swapped",
+            file=sys.stderr,
+        )
+    doc = report(found.series)
     print(to_json(doc) if args.json else to_table(doc))
     return 0

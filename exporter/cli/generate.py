@@ -82,8 +82,14 @@ def rules(args: argparse.Namespace) -> int:
 
     stale = write(args.root, args.check)
     for path in stale:
-        print(f"{'stale' if args.check else 'wrote'}: {path}")
+        print(f"{_verdict(args.root / path) if args.check else 'wrote'}: {path}")
+    if args.check and stale:
+        print(f"(looked under {args.root.resolve()}; `specdec rules --root DIR` writes them)")
     return EXIT_STALE if args.check and stale else 0
+
+
+def _verdict(path: Path) -> str:
+    return "stale" if path.exists() else "missing"
 
 
 def dashboards(args: argparse.Namespace) -> int:
@@ -91,12 +97,15 @@ def dashboards(args: argparse.Namespace) -> int:
 
     if args.preview is not None:
         return _preview(args)
-    changed = build.write(args.out or build.DIRECTORY, check=args.check)
+    out = args.out or build.DIRECTORY
+    changed = build.write(out, check=args.check)
     for path in changed:
-        if args.check:
-            print(f"{path}: differs from the dashboard sources; run `specdec dashboards`")
-        else:
+        if not args.check:
             print(f"wrote {path}")
+        elif not path.exists():
+            print(f"{path}: missing; run `specdec dashboards --out {out}`")
+        else:
+            print(f"{path}: differs from the dashboard sources; run `specdec dashboards`")
     return EXIT_STALE if args.check and changed else 0
 
 

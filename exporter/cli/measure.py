@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from exporter.cli.common import EXIT_USAGE, Verbs
 from exporter.measure.report import Roofline, document, plot, to_csv, to_json, to_table
@@ -129,12 +130,18 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     roofline = Roofline(args.bytes_per_token, args.bandwidth) if args.bandwidth else None
     plan = Plan(args.runs, args.concurrency, args.temperature)
-    base = args.base_url.rstrip("/")
+    try:
+        base = base_url(args.base_url, "--base-url")
+        plain_base = base_url(args.baseline_url, "--baseline-url") if args.baseline_url else None
+        if args.metrics_url:
+            base_url(args.metrics_url, "--metrics-url", strip_v1=False)
+    except ValueError as exc:
+        print(f"specdec measure: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     spec: list[ScenarioResult] = []
     plain: list[ScenarioResult] = []
     code = 0
     metrics_url = args.metrics_url or f"{base}/metrics"
-    plain_base = args.baseline_url.rstrip("/") if args.baseline_url else None
     try:
         for scenario in scenarios:  # interleaved with the baseline, so both see the same load
             runs = [(base, metrics_url, args.model, spec)]
@@ -148,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         code = EXIT_FAILED
     except KeyboardInterrupt:
         print("\nspecdec measure: interrupted; what was measured so far:", file=sys.stderr)
+        for result in (*spec, *plain):
+            result.interrupted = result.engine is None  # its after-page was never read
         code = 130
     rows = [r.row() for r in spec if r.results]
     if not rows:
@@ -175,6 +184,18 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_FAILED
     return code
+
+
+def base_url(url: str, flag: str, strip_v1: bool = True) -> str:
+    """An endpoint's base URL: http(s)://HOST:PORT, a trailing /v1 taken off (the client adds
+    /v1/...); ValueError with a hint for one without a scheme."""
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        guess = f"http://{url}" if "://" not in url else None
+        hint = f"; did you mean {guess!r}?" if guess else ""
+        raise ValueError(f"{flag} wants http(s)://HOST:PORT, got {url!r}{hint}")
+    return url.removesuffix("/v1") if strip_v1 else url
 
 
 def _scenarios(names: list[str], files: list[Path]) -> list[Scenario]:

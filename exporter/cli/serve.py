@@ -9,6 +9,8 @@ from dataclasses import replace
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs, duration
 from exporter.config import DEFAULT_INTERVAL, DEFAULT_LISTEN, Config, ConfigError, from_flags, load
+from exporter.config.nodes import Reader
+from exporter.process import AddressInUse, check_free
 
 
 def register(verbs: Verbs) -> None:
@@ -28,14 +30,21 @@ def register(verbs: Verbs) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="a vLLM /metrics URL to scrape, e.g. http://127.0.0.1:8000/metrics (repeatable; "
-        "each target is named after its host:port)",
+        help="a vLLM /metrics URL to scrape, e.g. http://127.0.0.1:8000/metrics; a URL without "
+        "a path (http://127.0.0.1:8000) means its /metrics (repeatable; each target is named "
+        "after its host:port)",
     )
     p.add_argument(
         "--listen",
         metavar="HOST:PORT",
         help=f"where the sidecar serves /metrics (default {DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}; "
         "overrides the config file's listen)",
+    )
+    p.add_argument(
+        "--proxy-listen",
+        metavar="HOST:PORT",
+        help="where the route-tagging proxy listens (overrides the config file's proxy.listen; "
+        "needs a proxy: section)",
     )
     p.add_argument(
         "--interval",
@@ -68,10 +77,26 @@ def run(args: argparse.Namespace) -> int:
         for message in exc.messages:
             print(f"specdec: config error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        check_free(_addresses(args, config))
+    except AddressInUse as exc:
+        print(f"specdec: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     from exporter.sidecar import serve
 
     serve(config)
     return 0
+
+
+def _addresses(args: argparse.Namespace, config: Config) -> list[tuple[str, int, str]]:
+    """Every address serve listens on, with the flag or config key that sets it."""
+    source = f"in {args.config}" if args.config else "(the default)"
+    listen = "--listen" if args.listen else f"listen {source}"
+    out = [(*config.listen, listen)]
+    if config.proxy is not None:
+        where = "--proxy-listen" if args.proxy_listen else f"proxy.listen {source}"
+        out.append((*config.proxy.listen, where))
+    return out
 
 
 def _serve_config(args: argparse.Namespace) -> Config:
@@ -83,7 +108,20 @@ def _serve_config(args: argparse.Namespace) -> Config:
         config = load(args.config)
         if args.listen:
             config = replace(config, listen=from_flags([], args.listen, 1.0, None).listen)
+        if args.proxy_listen:
+            if config.proxy is None:
+                raise ConfigError(
+                    "command line", None, "--proxy-listen", f"{args.config} has no proxy: section"
+                )
+            listen = Reader("command line").listen_address(
+                args.proxy_listen, None, "--proxy-listen"
+            )
+            config = replace(config, proxy=replace(config.proxy, listen=listen))
         return config
+    if args.proxy_listen:
+        raise ConfigError(
+            "command line", None, "--proxy-listen", "the proxy needs a config file (--config)"
+        )
     if not args.target:
         raise ConfigError(
             "command line", None, "--target", "give at least one --target URL or --config FILE"

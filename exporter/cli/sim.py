@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs
 from exporter.config import ConfigError, from_flags
+from exporter.process import AddressInUse, check_free, run_until_stopped
 
 
 def register(verbs: Verbs) -> None:
@@ -93,15 +95,27 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"specdec sim: bad arguments: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        check_free([(host, port, "--listen")])
+    except AddressInUse as exc:
+        print(f"specdec sim: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     engine = SimEngine(
         args.model, args.num_speculative_tokens, args.engines, args.speed, args.seed, profiles
     )
-    logs.get("sim").info("simulator listening", url=f"http://{host}:{port}", model=args.model)
-    web.run_app(
-        build_app(engine, args.per_request_spec_decode_metrics),
-        host=host,
-        port=port,
-        print=None,
-        access_log=None,
-    )
+    app = build_app(engine, args.per_request_spec_decode_metrics)
+
+    async def main() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            logs.get("sim").info(
+                "simulator listening", url=f"http://{host}:{port}", model=args.model
+            )
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    run_until_stopped(main)
     return 0

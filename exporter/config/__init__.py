@@ -26,6 +26,7 @@ from exporter.config.schema import (
     Route,
     Target,
     default_name,
+    metrics_url,
     read,
 )
 from exporter.core.windows import DEFAULT_WINDOWS
@@ -76,14 +77,19 @@ def from_flags(
     """The zero-config form: `--target URL` (repeatable), `--listen`, `--interval`, `--window`."""
     reader = ConfigReader("command line")
     parsed = []
-    for i, url in enumerate(targets):
-        reader.check_url(url, None, f"--target[{i}]")
+    for i, given in enumerate(targets):
+        url = metrics_url(reader.check_url(given, None, f"--target[{i}]"))
         parsed.append(Target(name=default_name(url), url=url, interval=interval))
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
         raise ConfigError("command line", None, "--target", "the same host:port is given twice")
     if not 0 < interval <= 3600:
-        raise ConfigError("command line", None, "--interval", "must be between 0 and 3600 seconds")
+        raise ConfigError(
+            "command line",
+            None,
+            "--interval",
+            f"must be more than 0 and at most 1h, got {interval:g}",
+        )
     return Config(
         listen=DEFAULT_LISTEN
         if listen is None

@@ -107,7 +107,7 @@ class Reader:
     def seconds(self, node: yaml.Node, key: str) -> float:
         value = self.scalar(node, key, parse_seconds, "a duration such as 1, 2.5, 500ms or 10s")
         if not 0 < value <= 3600:
-            raise self.fail(node, key, f"must be between 0 and 1h, got {node.value!r}")
+            raise self.fail(node, key, f"must be more than 0 and at most 1h, got {node.value!r}")
         return value
 
     def window(self, text: str, node: yaml.Node | None, key: str) -> Window:

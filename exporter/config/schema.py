@@ -8,7 +8,7 @@ import string
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -67,12 +67,24 @@ def _target_name(r: Reader, node: yaml.Node, key: str) -> str:
     return r.name(node, key)
 
 
+def metrics_url(url: str) -> str:
+    """A target's URL: one without a path (http://host:8000) means the server's /metrics."""
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        return urlunsplit(parts._replace(path="/metrics"))
+    return url
+
+
+def _target_url(r: Reader, node: yaml.Node, key: str) -> str:
+    return metrics_url(r.url(node, key))
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A /metrics endpoint to scrape."""
 
     name: str = setting(_target_name, fallback=lambda v: default_name(v["url"]))
-    url: str = setting(Reader.url)
+    url: str = setting(_target_url)
     engine: str = setting(one_of(ENGINE_KINDS, "an engine kind"), "vllm")
     prefix: str | None = setting(metric_prefix, None)
     interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)

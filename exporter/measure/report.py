@@ -134,7 +134,13 @@ def to_table(doc: Row, model: str | None = None) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in table
     ]
-    if any(r["drafts"] is None for r in rows):
+    if any(r.get("interrupted") for r in rows):
+        lines.append(
+            "\ninterrupted before the engine's counters were read again: acceptance from "
+            "/metrics is not known for the last scenario (per-request objects, where vLLM "
+            "sent them, still count)"
+        )
+    if any(r["drafts"] is None and not r.get("interrupted") for r in rows):
         lines.append(
             "\nno speculative-decoding counters on /metrics: acceptance is not known "
             "(is vLLM running with --speculative-config?)"

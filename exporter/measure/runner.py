@@ -20,7 +20,7 @@ from exporter.core.counts import Counts, from_spec_object, total
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import RequestFailed, Result, stream_chat
 from exporter.scrape.derive import delta
-from exporter.scrape.families import families, read_page
+from exporter.scrape.families import families
 
 
 class MeasureError(Exception):
@@ -33,6 +33,7 @@ class ScenarioResult:
     results: list[Result] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     engine: Counts | None = None  # /metrics delta; None without spec counters
+    interrupted: bool = False  # stopped before the engine's counters were read again
 
     @property
     def per_request(self) -> Counts | None:
@@ -57,6 +58,7 @@ class ScenarioResult:
             if p and p.draft_tokens
             else None,
             "mean_acceptance_length": 1 + e.accepted / e.drafts if e and e.drafts else None,
+            "interrupted": self.interrupted,
         }
 
 
@@ -146,9 +148,9 @@ async def run_scenario(
     if not result.results:
         raise MeasureError(f"every request of {scenario.name} failed: {result.failures[0]}")
     after = await engine_page(session, metrics_url)
-    deltas = delta(before, after, fams)
-    if deltas and read_page(after, fams).series:
-        result.engine = total(list(deltas.values()))
+    found = delta(before, after, fams)
+    if found.series and not found.after_empty:
+        result.engine = total(list(found.series.values()))
 
 
 async def measure(

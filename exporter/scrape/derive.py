@@ -4,6 +4,7 @@ measurement used, per (model_name, engine) and in total, with vLLM's definitions
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.counts import Counts, ratios, total
@@ -11,16 +12,28 @@ from exporter.scrape.families import EngineFamilies, SeriesKey, read_page
 from exporter.scrape.totals import RunningTotals
 
 
-def delta(before: str, after: str, fams: EngineFamilies) -> dict[SeriesKey, Counts]:
+@dataclass(frozen=True)
+class Delta:
+    """The work between two pages per series, and what the pages said about themselves."""
+
+    series: dict[SeriesKey, Counts]
+    restarted: list[SeriesKey]  # counters lower in AFTER: taken as an engine restart
+    before_empty: bool  # a page without any spec-decode series (not a vLLM page, or spec off)
+    after_empty: bool
+
+
+def delta(before: str, after: str, fams: EngineFamilies) -> Delta:
     """Per series, the work done between two pages (a restart in between is handled)."""
     store = RunningTotals()
-    store.feed(read_page(before, fams))
+    first, last = read_page(before, fams), read_page(after, fams)
+    store.feed(first)
     start = store.snapshot()
-    store.feed(read_page(after, fams))
-    return {
+    restarted = store.feed(last)
+    series = {
         key: counts - start.get(key, Counts(None if counts.drafts is None else 0.0))
         for key, counts in sorted(store.snapshot().items())
     }
+    return Delta(series, restarted, not first.series, not last.series)
 
 
 def report(deltas: dict[SeriesKey, Counts]) -> dict[str, Any]:
@@ -47,8 +60,17 @@ def _figures(c: Counts) -> dict[str, Any]:
         "accepted_tokens": c.accepted,
         "acceptance_rate": r.acceptance,
         "mean_acceptance_length": r.mean_acceptance_length,
-        "per_position": list(r.per_position) if r.per_position is not None else None,
+        "per_position": _per_position(c),
     }
+
+
+def _per_position(c: Counts) -> list[float | None] | None:
+    """k ratios; k nulls when there were no drafts to divide by (a consumer can still index
+    it); null for an engine that counts no verify steps (TensorRT-LLM)."""
+    if c.drafts is None:
+        return None
+    r = ratios(c)
+    return [None] * len(c.per_position) if r.per_position is None else list(r.per_position)
 
 
 def to_json(doc: dict[str, Any]) -> str:
@@ -79,13 +101,17 @@ def to_table(doc: dict[str, Any]) -> str:
                 "-"
                 if row["mean_acceptance_length"] is None
                 else f"{row['mean_acceptance_length']:.2f}",
-                " ".join(_pct(p) for p in row["per_position"] or []) or "-",
+                _positions(row["per_position"]),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
+
+
+def _positions(values: list[float | None] | None) -> str:
+    return " ".join(map(_pct, values)) if values and any(v is not None for v in values) else "-"
 
 
 def _num(value: float | None) -> str:

@@ -206,7 +206,7 @@ def test_from_flags_builds_the_same_config():
         ),
         (
             (["http://a:1/metrics"], None, 0.0, None),
-            "command line: --interval: must be between 0 and 3600 seconds",
+            "command line: --interval: must be more than 0 and at most 1h, got 0",
         ),
         (
             (["http://a:1/metrics"], None, 1.0, ["5x"]),
@@ -237,3 +237,16 @@ def test_default_name_and_redact():
     assert redact(url) == "https://10.0.0.2:8443/metrics?..."
     assert "pw" not in redact(url) and "abc" not in redact(url)
     assert redact("http://h:1/metrics") == "http://h:1/metrics"
+
+
+def test_a_target_without_a_path_means_its_metrics(tmp_path):
+    assert from_flags(["http://10.0.0.1:8000"], None, 1.0, None).targets[0].url == (
+        "http://10.0.0.1:8000/metrics"
+    )
+    assert from_flags(["http://h:1/"], None, 1.0, None).targets[0].url == "http://h:1/metrics"
+    path = tmp_path / "c.yaml"
+    path.write_text("targets:\n  - url: http://10.0.0.1:8000?token=x\n", encoding="utf-8")
+    assert load(path).targets[0].url == "http://10.0.0.1:8000/metrics?token=x"
+    assert from_flags(["http://h:1/prometheus"], None, 1.0, None).targets[0].url.endswith(
+        "/prometheus"
+    )  # a path given is kept as it is

@@ -107,7 +107,7 @@ def test_identical_pages_give_null_rates(tmp_path):
         "accepted_tokens": 0.0,
         "acceptance_rate": None,
         "mean_acceptance_length": None,
-        "per_position": None,
+        "per_position": [None, None, None],  # k positions, null: no drafts to divide by
     }
     assert doc == {
         "series": [{"model_name": MODEL, "engine": "0", **zero}],
@@ -248,9 +248,39 @@ def test_total_of_several_models_has_no_model_name():
     other = one_engine().replace(MODEL, "other-model")
     before = one_engine() + other
     after = bump(one_engine(), 10, 30, 15, (7, 5, 3)) + bump(other, 20, 60, 30, (14, 10, 6))
-    doc = report(delta(before, after, families("vllm")))
+    doc = report(delta(before, after, families("vllm")).series)
     assert [s["model_name"] for s in doc["series"]] == [MODEL, "other-model"]
     assert doc["total"]["model_name"] is None
     assert doc["total"]["drafts"] == 30.0
     assert doc["total"]["acceptance_rate"] == pytest.approx(45 / 90)
     assert to_table(doc).splitlines()[-1].split()[:4] == ["TOTAL", "30", "90", "45"]
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "# README\n\nNot a metrics page at all.\n",
+        "\x00\x13\xfe garbage \x7f" * 20,
+        "# HELP specdec_drafts_total Speculative verify steps.\n"
+        "# TYPE specdec_drafts_total counter\n"
+        'specdec_drafts_total{target="sim",model_name="m",engine="0"} 12.0\n',
+    ],
+    ids=["readme", "random-bytes", "the-sidecars-own-page"],
+)
+def test_a_page_without_spec_decode_counters_exits_1_naming_it(tmp_path, page):
+    proc = derive(tmp_path, one_engine(), page)
+    assert proc.returncode == 1, proc.stderr
+    assert "after.prom has no speculative-decoding counters" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    proc = derive(tmp_path, page, one_engine())
+    assert proc.returncode == 1 and "before.prom has no speculative-decoding" in proc.stderr
+
+
+def test_swapped_files_warn_that_they_were_taken_as_a_restart(tmp_path):
+    later = bump(one_engine(), 1000, 3000, 2000, (900, 700, 400))
+    proc = derive(tmp_path, later, one_engine(), "--json")
+    assert proc.returncode == 0
+    assert "warning: counters are lower in" in proc.stderr and "swapped" in proc.stderr
+    assert json.loads(proc.stdout)["total"]["drafts"] > 0
+    calm = derive(tmp_path, one_engine(), later, "--json")
+    assert calm.returncode == 0 and calm.stderr == ""

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ROOT_MODULE = "exporter"  # exporter/__init__.py (__version__) and exporter.logs: anyone's
-SHARED = {"exporter.core", "exporter.logs", ROOT_MODULE}
+SHARED = {"exporter.core", "exporter.logs", "exporter.process", ROOT_MODULE}
 MAY_IMPORT = {
     "exporter.core": set(),
     "exporter.config": {"exporter.core"},
@@ -20,9 +20,17 @@ MAY_IMPORT = {
     "exporter.sim": set(),
     "exporter.measure": {"exporter.scrape"},
     "exporter.sidecar": {"exporter.config", "exporter.scrape", "exporter.proxy", "exporter.export"},
-    "exporter.demo": {"exporter.config", "exporter.measure", "exporter.sidecar", "exporter.sim"},
+    "exporter.demo": {
+        "exporter.config",
+        "exporter.measure",
+        "exporter.sidecar",
+        "exporter.sim",
+        "exporter.demo_prometheus",
+    },
+    "exporter.demo_prometheus": set(),
     "exporter.cli": {"exporter", "dashboards"},  # the verbs compose everything
     "exporter.logs": set(),
+    "exporter.process": set(),
     ROOT_MODULE: set(),
     "exporter.__main__": {"exporter.cli"},
     "dashboards": set(),  # the mixin: PromQL, rules, panels; the duration grammar from core

@@ -1,0 +1,67 @@
+"""What every long-running verb does the same way: check its listen addresses before anything
+starts, run on uvloop when it is installed, and stop cleanly on SIGINT, SIGTERM and SIGHUP
+(what Ctrl-C, `timeout`, systemd, `docker stop` and a closed terminal send), exiting 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import signal
+import socket
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class AddressInUse(Exception):
+    """A listen address another process holds: `str()` is the one line to print."""
+
+
+def check_free(addresses: Sequence[tuple[str, int, str]]) -> None:
+    """Raise AddressInUse for the first (host, port, where) that cannot be bound; `where`
+    names the flag or config key that sets it. Bound as asyncio's servers bind (SO_REUSEADDR),
+    so a port in TIME_WAIT is not mistaken for a busy one."""
+    for host, port, where in addresses:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+                if exc.errno == errno.EADDRINUSE:
+                    raise AddressInUse(
+                        f"{shown} is already in use ({where}); stop what holds it or pick another"
+                    ) from None
+                raise AddressInUse(f"cannot listen on {shown} ({where}): {exc.strerror}") from None
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (the `fast` extra): the proxy's cost is mostly per-chunk socket
+    writes, which uvloop's C transport does in a fraction of asyncio's time."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run_until_stopped(
+    main: Callable[[], Coroutine[Any, Any, None]], signals: Sequence[signal.Signals] = STOP_SIGNALS
+) -> None:
+    """Run `main()` until it returns or one of `signals` arrives; then it is cancelled, so its
+    `finally` blocks stop servers, end children and remove temp files before this returns."""
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await main()
+
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(guarded())
