@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -60,3 +62,52 @@ def test_sim_profile_flags_are_checked() -> None:
         result = subprocess.run(specdec("sim", "--profile", bad), capture_output=True, text=True)
         assert result.returncode == 2, bad
         assert "specdec sim: bad arguments" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=str)
+@pytest.mark.parametrize("verb", ["serve", "sim"])
+def test_long_running_verbs_stop_on_every_stop_signal(tmp_path: Path, verb: str, sig: int) -> None:
+    port = free_port()
+    if verb == "serve":
+        args = [
+            "serve",
+            "--target",
+            f"http://127.0.0.1:{free_port()}",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
+    else:
+        args = ["sim", "--listen", f"127.0.0.1:{port}"]
+    with child(specdec(*args), tmp_path / "log") as proc:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics"), 30, f"{verb} up")
+        proc.send_signal(sig)
+        code = proc.wait(15)
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-2000:]
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (
+            ["serve", "--target", "http://127.0.0.1:1/metrics", "--listen", "127.0.0.1:{port}"],
+            "--listen",
+        ),
+        (["sim", "--listen", "127.0.0.1:{port}"], "--listen"),
+    ],
+)
+def test_a_busy_listen_address_is_one_line_and_exit_2(args: list[str], where: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            specdec(*(a.format(port=port) for a in args)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert f"127.0.0.1:{port} is already in use ({where})" in line, line

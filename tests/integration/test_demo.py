@@ -1,19 +1,27 @@
-"""`specdec demo` as the README runs it: acceptance shows up within 30 s, Ctrl-C stops it all."""
+"""`specdec demo` as the README runs it: acceptance shows up within 30 s, Ctrl-C stops it all;
+SIGTERM and SIGHUP too, with its Prometheus child and temp dir; busy ports and a child that
+dies at start are one clear message."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
-from tests.helpers import free_port, http_get, samples, specdec, value, wait_for
+import pytest
+
+from tests.helpers import free_port, http_get, need_tool, samples, specdec, value, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 LINE = re.compile(r"^(voice_chat|coding_agent)\s+acceptance\s+([\d.]+)%")
 
 
 def test_demo_shows_both_workloads_and_stops_cleanly(tmp_path: Path) -> None:
-    sim_port, side_port = free_port(), free_port()
+    sim_port, side_port, proxy_port = free_port(), free_port(), free_port()
     out = tmp_path / "demo.out"
     args = [
         "demo",
@@ -21,6 +29,8 @@ def test_demo_shows_both_workloads_and_stops_cleanly(tmp_path: Path) -> None:
         str(sim_port),
         "--sidecar-port",
         str(side_port),
+        "--proxy-port",
+        str(proxy_port),
         "--report-every",
         "2",
     ]
@@ -54,9 +64,104 @@ def test_demo_shows_both_workloads_and_stops_cleanly(tmp_path: Path) -> None:
             code = proc.wait(15)
     assert code == 0, out.read_text()[-2000:]
     assert "Traceback" not in out.read_text()
-    for port in (sim_port, side_port):  # nothing left listening
+    for port in (sim_port, side_port, proxy_port):  # nothing left listening
         try:
             http_get(f"http://127.0.0.1:{port}/", timeout=1)
         except OSError:
             continue
         raise AssertionError(f"port {port} still answers after Ctrl-C")
+
+
+def children_of(pid: int) -> list[int]:
+    """Every process whose parent chain reaches `pid` (Prometheus runs in its own session)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        kids = [p for p, parent in parents.items() if parent == current]
+        found += kids
+        frontier += kids
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=str)
+def test_a_stop_signal_ends_the_demo_and_its_prometheus(tmp_path: Path, sig: int) -> None:
+    need_tool("prometheus")
+    ports = {flag: free_port() for flag in ("--sim-port", "--sidecar-port", "--proxy-port")}
+    prom_port = free_port()
+    args = [x for flag, port in ports.items() for x in (flag, str(port))]
+    args += ["--with-prometheus", "--prometheus-port", str(prom_port), "--speed", "5"]
+    out = tmp_path / "demo.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            specdec("demo", *args), stdout=sink, stderr=subprocess.STDOUT, cwd=REPO
+        )
+        try:
+            wait_for(
+                lambda: f"prometheus       http://127.0.0.1:{prom_port}" in out.read_text(),
+                timeout=60,
+                what="the demo's Prometheus ready",
+            )
+            child = wait_for(
+                lambda: next(
+                    (p for p in children_of(proc.pid) if "prometheus" in cmdline(p)[0]), None
+                ),
+                timeout=10,
+                what="the Prometheus child",
+            )
+            tsdb = next(a for a in cmdline(child) if a.startswith("--storage.tsdb.path="))
+            temp_dir = Path(tsdb.split("=", 1)[1]).parent
+            assert temp_dir.is_dir()
+            proc.send_signal(sig)
+            code = proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert code == 0, out.read_text()[-2000:]
+    assert not Path(f"/proc/{child}").exists(), "Prometheus outlived the demo"
+    assert not temp_dir.exists(), f"{temp_dir} left behind"
+    assert "Traceback" not in out.read_text()
+
+
+def test_a_prometheus_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    need_tool("prometheus")
+    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: often\n")
+    args = ["--with-prometheus", "--prometheus-port", str(free_port())]
+    for flag in ("--sim-port", "--sidecar-port", "--proxy-port"):
+        args += [flag, str(free_port())]
+    done = subprocess.run(
+        specdec("demo", *args), cwd=tmp_path, capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = done.stderr
+    assert "prometheus exited at start" in message and "the end of its log (" in message
+    log = Path(message.split("the end of its log (", 1)[1].split(")", 1)[0])
+    assert log.is_file() and "often" in log.read_text()  # Prometheus' own complaint, kept
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize("flag", ["--sim-port", "--sidecar-port", "--proxy-port"])
+def test_a_busy_port_is_one_line_and_exit_2(flag: str) -> None:
+    ports = {f: free_port() for f in ("--sim-port", "--sidecar-port", "--proxy-port")}
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports[flag]))
+        holder.listen()
+        args = [x for f, port in ports.items() for x in (f, str(port))]
+        done = subprocess.run(specdec("demo", *args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"specdec demo: 127.0.0.1:{ports[flag]} is already in use ({flag}); "
+        "stop what holds it or pick another"
+    )
+    assert done.stdout == ""  # checked before anything started

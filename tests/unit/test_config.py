@@ -247,6 +247,8 @@ def test_a_target_without_a_path_means_its_metrics(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("targets:\n  - url: http://10.0.0.1:8000?token=x\n", encoding="utf-8")
     assert load(path).targets[0].url == "http://10.0.0.1:8000/metrics?token=x"
-    assert from_flags(["http://h:1/prometheus"], None, 1.0, None).targets[0].url.endswith(
-        "/prometheus"
+    assert (
+        from_flags(["http://h:1/prometheus"], None, 1.0, None)
+        .targets[0]
+        .url.endswith("/prometheus")
     )  # a path given is kept as it is
