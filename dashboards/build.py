@@ -19,21 +19,23 @@ from typing import Any
 
 from dashboards import engine, health, payoff, requests
 from dashboards.live import PrometheusError, prometheus_query
+from dashboards.mixin import DEFAULT, Mixin
 from dashboards.panels import JSON, to_json
 from dashboards.preview import preview
 
 DIRECTORY = Path(__file__).resolve().parent
-BUILDERS: dict[str, Callable[[], Any]] = {
-    payoff.UID: payoff.build,
-    requests.UID: requests.build,
-    engine.UID: engine.build,
-    health.UID: health.build,
-}
+BUILDERS: tuple[Callable[[Mixin], Any], ...] = (
+    payoff.build,
+    requests.build,
+    engine.build,
+    health.build,
+)
 
 
-def dashboards() -> dict[str, JSON]:
+def dashboards(mix: Mixin = DEFAULT) -> dict[str, JSON]:
     """uid -> normalised dashboard JSON, in a fixed order."""
-    return {uid: to_json(build()) for uid, build in BUILDERS.items()}
+    built = [to_json(build(mix)) for build in BUILDERS]
+    return {str(data["uid"]): data for data in built}
 
 
 def render(data: JSON) -> str:
@@ -41,16 +43,16 @@ def render(data: JSON) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write(directory: Path = DIRECTORY, check: bool = False) -> list[Path]:
+def write(directory: Path = DIRECTORY, check: bool = False, mix: Mixin = DEFAULT) -> list[Path]:
     """Write `<uid>.json` under `directory`; return the files that were (or, with `check`,
-    would be) changed, including `specdec-*.json` files no dashboard produces any more."""
-    wanted = {directory / f"{uid}.json": render(data) for uid, data in dashboards().items()}
+    would be) changed, including `<prefix>-*.json` files no dashboard produces any more."""
+    wanted = {directory / f"{uid}.json": render(data) for uid, data in dashboards(mix).items()}
     stale = [
         path
         for path, text in wanted.items()
         if not path.exists() or path.read_text(encoding="utf-8") != text
     ]
-    extra = sorted(set(directory.glob("specdec-*.json")) - set(wanted))
+    extra = sorted(set(directory.glob(f"{mix.dashboards.uid_prefix}-*.json")) - set(wanted))
     if not check:
         for path in stale:
             path.write_text(wanted[path], encoding="utf-8")
@@ -70,7 +72,9 @@ def variables(pairs: Sequence[str]) -> dict[str, str]:
     return values
 
 
-def previews(prometheus: str, out: Path, values: dict[str, str], range_s: float) -> Iterator[Path]:
+def previews(
+    prometheus: str, out: Path, values: dict[str, str], range_s: float, mix: Mixin = DEFAULT
+) -> Iterator[Path]:
     """One PNG per dashboard under `out`, from `prometheus`' live answers (matplotlib's Agg)."""
     import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
@@ -80,7 +84,7 @@ def previews(prometheus: str, out: Path, values: dict[str, str], range_s: float)
     except PrometheusError as exc:
         raise PrometheusError(f"cannot query Prometheus at {prometheus} ({exc})") from exc
     now = time.time()
-    for data in dashboards().values():
+    for data in dashboards(mix).values():
         yield preview(data, prometheus, out, values, range_s, now)
 
 

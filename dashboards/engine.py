@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards import variables as V
+from dashboards.mixin import Mixin
 from dashboards.panels import (
     BLUE,
     COUNT,
@@ -32,7 +33,7 @@ from dashboards.panels import (
 )
 from dashboards.queries import panels as Q
 
-UID = "specdec-engine"
+NAME = "engine"  # its uid: the mixin's prefix, then this
 LEGEND = "{{model_name}} engine {{engine}}"
 
 ACCEPTANCE_5M = Q.engine_rule("acceptance", "ratio_rate5m")
@@ -201,12 +202,13 @@ def panels() -> list[tuple[int, list[Any]]]:
     ]
 
 
-def build() -> Any:
+def build(mix: Mixin) -> Any:
     return dashboard(
-        UID,
+        mix.uid(NAME),
         "specdec / Engine",
         "Speculative decoding per model and engine from vLLM's counters: acceptance by "
         "position, draft token flow and waste, latency, load and the decode roofline.",
-        [V.datasource(), V.job(), V.engine_model(), V.engine()],
+        [V.datasource(mix.dashboards.datasource), V.job(), V.engine_model(), V.engine()],
         [(5, stats()), *panels()],
+        mix.dashboards.tags,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards import variables as V
-from dashboards.alerts import COVERAGE_MIN
+from dashboards.mixin import Mixin
 from dashboards.panels import (
     BLUE,
     BYTES,
@@ -30,12 +30,12 @@ from dashboards.panels import (
 )
 from dashboards.queries import panels as Q
 
-UID = "specdec-health"
-COVERAGE = steps(RED, (COVERAGE_MIN, GREEN))
+NAME = "health"  # its uid: the mixin's prefix, then this
 NO_SIDECAR = "No sidecar scraped"
 
 
-def stats() -> list[Any]:
+def stats(mix: Mixin) -> list[Any]:
+    coverage_min = mix.coverage_min
     return [
         stat(
             "Sidecars up (Prometheus)",
@@ -62,11 +62,11 @@ def stats() -> list[Any]:
         stat(
             "Attribution coverage (15m)",
             "Drafts the proxy accounted to routes / the engine's drafts over 15 minutes. Below "
-            f"{COVERAGE_MIN:.0%} (red) some clients bypass the proxy and per-route figures miss "
+            f"{coverage_min:.0%} (red) some clients bypass the proxy and per-route figures miss "
             "their traffic (SpecDecodeAttributionCoverageLow).",
             [("{{target}}", Q.coverage("15m"))],
             PERCENT,
-            thresholds=COVERAGE,
+            thresholds=steps(RED, (coverage_min, GREEN)),
             decimals=1,
         ),
         stat(
@@ -82,7 +82,8 @@ def stats() -> list[Any]:
     ]
 
 
-def panels() -> list[tuple[int, list[Any]]]:
+def panels(mix: Mixin) -> list[tuple[int, list[Any]]]:
+    coverage_min = mix.coverage_min
     durations = timeseries(
         "Scrape durations",
         "Solid: the sidecar's last scrape of each vLLM target (fetch + parse; the target timeout "
@@ -115,7 +116,7 @@ def panels() -> list[tuple[int, list[Any]]]:
     coverage = timeseries(
         "Attribution coverage",
         "Drafts accounted to routes / the engine's drafts, over 1 minute (solid) and 15 "
-        f"minutes (dashed). The red line is the alert threshold ({COVERAGE_MIN:.0%}); short "
+        f"minutes (dashed). The red line is the alert threshold ({coverage_min:.0%}); short "
         "dips happen while long requests are still running.",
         [
             ("{{target}} 1m", Q.coverage("1m")),
@@ -123,7 +124,7 @@ def panels() -> list[tuple[int, list[Any]]]:
         ],
         PERCENT,
         min_value=0,
-        thresholds=steps(TRANSPARENT, (COVERAGE_MIN, RED)),
+        thresholds=steps(TRANSPARENT, (coverage_min, RED)),
         threshold_style="dashed",
         overrides=[by_ref("B", dashed())],
     )
@@ -184,12 +185,13 @@ def panels() -> list[tuple[int, list[Any]]]:
     return [(8, [durations, errors]), (8, [coverage, proxy]), (8, [statuses, cpu, memory])]
 
 
-def build() -> Any:
+def build(mix: Mixin) -> Any:
     return dashboard(
-        UID,
+        mix.uid(NAME),
         "specdec / Exporter health",
         "Is the specdec sidecar scraping vLLM, is the proxy seeing the traffic, and is the "
         "sidecar itself healthy? Check here before trusting the payoff figures.",
-        [V.datasource(), V.job()],
-        [(5, stats()), *panels()],
+        [V.datasource(mix.dashboards.datasource), V.job()],
+        [(5, stats(mix)), *panels(mix)],
+        mix.dashboards.tags,
     )

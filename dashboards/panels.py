@@ -19,10 +19,8 @@ from grafanalib import core as G
 JSON = dict[str, Any]
 
 DATASOURCE: JSON = {"type": "prometheus", "uid": "${datasource}"}
-DATASOURCE_UID = "specdec-prometheus"  # deploy/grafana/provisioning/datasources/prometheus.yml
 SCHEMA_VERSION = 36  # 37+ would need what its migrations add: showLegend, table cellOptions
 NO_TRAFFIC = "No traffic"
-TAGS = ["specdec", "speculative-decoding", "vllm"]
 
 # units (Grafana unit ids; "suffix:" is Grafana's custom-unit syntax)
 PERCENT = "percentunit"
@@ -386,12 +384,13 @@ def dashboard(
     description: str,
     variables: Sequence[Any],
     rows: Sequence[tuple[int, Sequence[Any]]],
+    tags: Sequence[str],
 ) -> Any:
     return G.Dashboard(
         uid=uid,
         title=title,
         description=description,
-        tags=TAGS,
+        tags=list(tags),
         editable=True,
         schemaVersion=SCHEMA_VERSION,
         graphTooltip=G.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,

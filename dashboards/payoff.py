@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards import variables as V
-from dashboards.alerts import DROP_WINDOWS, MIN_REQUESTS_5M
+from dashboards.mixin import Mixin
 from dashboards.panels import (
     BREAK_EVEN_LINE,
     GREEN,
@@ -33,17 +33,17 @@ from dashboards.panels import (
 )
 from dashboards.queries import panels as Q
 
-UID = "specdec-payoff"
+NAME = "payoff"  # its uid: the mixin's prefix, then this
 ROUTE_LEGEND = "{{route}} ({{model_name}})"
 
 ACCEPTANCE_5M = Q.route_rule("acceptance", "ratio_rate5m")
-ALERT_WINDOW = DROP_WINDOWS[0]
 TOKENS_PER_STEP_5M = Q.route_rule("tokens_per_step", "ratio_rate5m")
 SPEEDUP_5M = Q.route_rule("estimated_speedup", "ratio_rate5m")
 DECODE_5M = Q.route_rule("decode_tokens_per_second", "ratio_rate5m")
 
 
-def headline_stats() -> list[Any]:
+def headline_stats(mix: Mixin) -> list[Any]:
+    alert_window = mix.acceptance_drop.windows[0]
     return [
         stat(
             "Estimated speedup now",
@@ -57,13 +57,13 @@ def headline_stats() -> list[Any]:
             decimals=2,
         ),
         stat(
-            f"Draft acceptance now ({ALERT_WINDOW})",
+            f"Draft acceptance now ({alert_window})",
             "Share of proposed draft tokens the target model accepted over the last minute, per "
             "route: the window SpecDecodeAcceptanceDrop reads for busy routes (exact per-request "
             "counts where the route has them). Compare with the break-even line in 'Draft "
             "acceptance by route' below: under it speculation loses. Rule "
-            f"route_model_name:specdec_route_exact_acceptance:ratio_rate{ALERT_WINDOW}.",
-            [("{{route}}", Q.acceptance_now(ALERT_WINDOW))],
+            f"route_model_name:specdec_route_exact_acceptance:ratio_rate{alert_window}.",
+            [("{{route}}", Q.acceptance_now(alert_window))],
             PERCENT,
             decimals=1,
         ),
@@ -137,7 +137,7 @@ def route_table() -> Any:
     )
 
 
-def trends() -> list[tuple[int, list[Any]]]:
+def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
     acceptance = timeseries(
         "Draft acceptance by route",
         "Accepted / proposed draft tokens per route over 5-minute windows, side by side. The "
@@ -210,7 +210,7 @@ def trends() -> list[tuple[int, list[Any]]]:
         "Requests by route and status",
         "Completion requests per second through the proxy by route and HTTP status. 499: the "
         "client hung up; 502/504: vLLM unreachable or timed out. Low traffic makes the ratios "
-        f"above noisy; the alerts ignore routes with fewer than {MIN_REQUESTS_5M} requests in 5 "
+        f"above noisy; the alerts ignore routes with fewer than {mix.min_requests_5m} requests in 5 "
         "minutes.",
         [("{{route}} {{status}}", Q.route_requests_by_status())],
         REQUESTS_PER_SECOND,
@@ -225,12 +225,13 @@ def trends() -> list[tuple[int, list[Any]]]:
     return [(9, [acceptance, tokens]), (9, [speedup, decode]), (8, [ttft, requests])]
 
 
-def build() -> Any:
+def build(mix: Mixin) -> Any:
     return dashboard(
-        UID,
+        mix.uid(NAME),
         "specdec / Payoff by route",
         "Is speculative decoding paying off for each workload? Per-route acceptance, tokens per "
         "step, speedup against break-even, and what users see (decode rate, TTFT).",
-        [V.datasource(), V.job(), V.route_model(), V.route()],
-        [(5, headline_stats()), (7, [route_table()]), *trends()],
+        [V.datasource(mix.dashboards.datasource), V.job(), V.route_model(), V.route()],
+        [(5, headline_stats(mix)), (7, [route_table()]), *trends(mix)],
+        mix.dashboards.tags,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards import variables as V
-from dashboards.alerts import DROP_FRACTION, DROP_WINDOWS, DROP_Z, MIN_REQUESTS, RUNAWAY_WINDOW
+from dashboards.mixin import Mixin
 from dashboards.panels import (
     COUNT,
     GREEN,
@@ -29,37 +29,38 @@ from dashboards.panels import (
 )
 from dashboards.queries import panels as Q
 
-UID = "specdec-requests"
-SHORT, LONG = DROP_WINDOWS
+NAME = "requests"  # its uid: the mixin's prefix, then this
 
 
-def now_stats() -> list[Any]:
+def now_stats(mix: Mixin) -> list[Any]:
+    drop = mix.acceptance_drop
+    (short, long), z = drop.windows, drop.z
     return [
         stat(
-            f"Acceptance now ({SHORT}, the alert's short window)",
-            f"Exact acceptance (routes with vLLM's per-request objects) over the last {SHORT}: "
+            f"Acceptance now ({short}, the alert's short window)",
+            f"Exact acceptance (routes with vLLM's per-request objects) over the last {short}: "
             "the figure SpecDecodeAcceptanceDrop compares with the route's own day. Routes "
             "without per-request objects show their overall acceptance. Rule "
-            f"route_model_name:specdec_route_exact_acceptance:ratio_rate{SHORT}.",
-            [("{{route}}", Q.acceptance_now(SHORT))],
+            f"route_model_name:specdec_route_exact_acceptance:ratio_rate{short}.",
+            [("{{route}}", Q.acceptance_now(short))],
             PERCENT,
             decimals=1,
         ),
         stat(
-            f"Acceptance over {LONG} (the alert's long window)",
-            f"Exact acceptance over the last {LONG}, the window the alert uses for quiet routes. "
-            f"Rule route_model_name:specdec_route_exact_acceptance:ratio_rate{LONG}.",
-            [("{{route}}", Q.acceptance_now(LONG))],
+            f"Acceptance over {long} (the alert's long window)",
+            f"Exact acceptance over the last {long}, the window the alert uses for quiet routes. "
+            f"Rule route_model_name:specdec_route_exact_acceptance:ratio_rate{long}.",
+            [("{{route}}", Q.acceptance_now(long))],
             PERCENT,
             decimals=1,
         ),
         stat(
-            f"Requests in the last {SHORT} / {LONG}",
-            f"Requests with drafts that ended in each window. Below {MIN_REQUESTS} the alert "
+            f"Requests in the last {short} / {long}",
+            f"Requests with drafts that ended in each window. Below {drop.min_requests} the alert "
             "does not judge that window: a few requests say little about a route.",
             [
-                (f"{{{{route}}}} {SHORT}", Q.exact_rule("spec_requests", "increase", SHORT)),
-                (f"{{{{route}}}} {LONG}", Q.exact_rule("spec_requests", "increase", LONG)),
+                (f"{{{{route}}}} {short}", Q.exact_rule("spec_requests", "increase", short)),
+                (f"{{{{route}}}} {long}", Q.exact_rule("spec_requests", "increase", long)),
             ],
             COUNT,
             decimals=0,
@@ -67,44 +68,45 @@ def now_stats() -> list[Any]:
         ),
         stat(
             "Drop against the day, in standard errors",
-            f"(1-day acceptance - now) / the request-level standard error, {SHORT} and {LONG}. "
-            f"The alert fires above {DROP_Z} (and at least {DROP_FRACTION:.0%} below the day, "
-            f"over at least {MIN_REQUESTS} requests); negative: above the usual level.",
+            f"(1-day acceptance - now) / the request-level standard error, {short} and {long}. "
+            f"The alert fires above {z} (and at least {drop.fraction:.0%} below the day, "
+            f"over at least {drop.min_requests} requests); negative: above the usual level.",
             [
                 (f"{{{{route}}}} {w}", Q.exact_rule("acceptance_drop", "zscore_rate", w))
-                for w in DROP_WINDOWS
+                for w in drop.windows
             ],
             COUNT,
-            thresholds=steps(GREEN, (DROP_Z / 2, ORANGE), (DROP_Z, RED)),
+            thresholds=steps(GREEN, (z / 2, ORANGE), (z, RED)),
             decimals=1,
             graph=False,
         ),
     ]
 
 
-def interval_table() -> Any:
+def interval_table(mix: Mixin) -> Any:
+    long = mix.acceptance_drop.windows[-1]
     columns = {
         "route": "Route",
         "model_name": "Model",
-        "Value #A": f"Acceptance ({LONG})",
+        "Value #A": f"Acceptance ({long})",
         "Value #B": "- 2 SE",
         "Value #C": "+ 2 SE",
         "Value #D": "Requests",
         "Value #E": "Last 24 h",
     }
-    percent = (f"Acceptance ({LONG})", "- 2 SE", "+ 2 SE", "Last 24 h")
+    percent = (f"Acceptance ({long})", "- 2 SE", "+ 2 SE", "Last 24 h")
     return table(
         "Routes: acceptance with its 95 % interval",
-        f"Per route over the last {LONG}: exact acceptance and the interval of two "
+        f"Per route over the last {long}: exact acceptance and the interval of two "
         "request-level standard errors around it (requests, not tokens, are the independent "
         "units, so a window of a few long requests gets the wide interval it deserves). Two "
         "routes differ when their intervals do not overlap; the PromQL cookbook has the "
         "difference with its own standard error.",
         [
-            ("", Q.exact_rule("exact_acceptance", "ratio_rate", LONG)),
-            ("", Q.acceptance_band(LONG, "-")),
-            ("", Q.acceptance_band(LONG, "+")),
-            ("", Q.exact_rule("spec_requests", "increase", LONG)),
+            ("", Q.exact_rule("exact_acceptance", "ratio_rate", long)),
+            ("", Q.acceptance_band(long, "-")),
+            ("", Q.acceptance_band(long, "+")),
+            ("", Q.exact_rule("spec_requests", "increase", long)),
             ("", Q.exact_rule("exact_acceptance", "ratio_rate", "1d")),
         ],
         columns=columns,
@@ -154,7 +156,8 @@ def per_route() -> list[tuple[int, list[Any]]]:
     return [(9, [band]), (9, [spread])]
 
 
-def outcomes() -> list[Any]:
+def outcomes(mix: Mixin) -> list[Any]:
+    window = mix.runaway.window
     slower = timeseries(
         "Requests speculation made slower",
         "Share of each route's requests whose own tokens per step were below the model's "
@@ -176,15 +179,15 @@ def outcomes() -> list[Any]:
         stack=True,
     )
     anomalies = timeseries(
-        f"Runaway and collapsed requests ({RUNAWAY_WINDOW})",
-        f"Per route over {RUNAWAY_WINDOW}: the share of requests cut by max_tokens at "
+        f"Runaway and collapsed requests ({window})",
+        f"Per route over {window}: the share of requests cut by max_tokens at "
         "acceptance near 1 (repetition loops, solid) and of requests with acceptance <= 5 % "
         "(dashed). Alerts SpecDecodeRunawayGenerations and SpecDecodeAcceptanceCollapsed.",
         [
-            ("runaway {{route}}", Q.exact_rule("runaway_requests", "share_rate", RUNAWAY_WINDOW)),
+            ("runaway {{route}}", Q.exact_rule("runaway_requests", "share_rate", window)),
             (
                 "collapsed {{route}}",
-                Q.exact_rule("collapsed_requests", "share_rate", RUNAWAY_WINDOW),
+                Q.exact_rule("collapsed_requests", "share_rate", window),
             ),
         ],
         PERCENT,
@@ -195,12 +198,13 @@ def outcomes() -> list[Any]:
     return [slower, finish, anomalies]
 
 
-def build() -> Any:
+def build(mix: Mixin) -> Any:
     return dashboard(
-        UID,
+        mix.uid(NAME),
         "specdec / Requests",
         "Per route, from the requests themselves: how sure the acceptance figure is, how it is "
         "spread over requests, which requests speculation made slower and how they ended.",
-        [V.datasource(), V.job(), V.route_model(), V.route()],
-        [(5, now_stats()), (7, [interval_table()]), *per_route(), (8, outcomes())],
+        [V.datasource(mix.dashboards.datasource), V.job(), V.route_model(), V.route()],
+        [(5, now_stats(mix)), (7, [interval_table(mix)]), *per_route(), (8, outcomes(mix))],
+        mix.dashboards.tags,
     )

@@ -1,7 +1,8 @@
-"""Generate the Kubernetes copies of the rules and dashboards under deploy/k8s/.
+"""Generate the deploy bundles' copies of the rules and dashboards, and their job names.
 
-    python deploy/generate_k8s.py            # write deploy/k8s/prometheusrule.yaml, dashboards/
-    python deploy/generate_k8s.py --check    # write nothing; exit 1 listing stale files
+    python deploy/generate_k8s.py                # write deploy/k8s/*, deploy/compose/prometheus.yml
+    python deploy/generate_k8s.py --check        # write nothing; exit 1 listing stale files
+    python deploy/generate_k8s.py --config FILE  # job names from a mixin config (docs/mixin.md)
 
 - `deploy/k8s/prometheusrule.yaml`: one PrometheusRule (kube-prometheus-stack / Prometheus
   Operator) whose `spec.groups` are the groups of `deploy/prometheus/rules/*.yml`, in file
@@ -11,7 +12,12 @@
   Kustomize only reads files under the kustomization's own directory (its load restrictor),
   hence the copies rather than `../../dashboards/*.json`.
 
-Standard library and PyYAML only; the output is byte-stable, so `--check` can run in CI.
+- `deploy/k8s/podmonitor.yaml` and `deploy/compose/prometheus.yml`, from `deploy/templates/`:
+  the scrape jobs under the mixin config's job names (`sidecar_job`, `vllm_job`), which the
+  generated alerts select.
+
+With a mixin config, run `specdec rules --config FILE` and `specdec dashboards --config FILE`
+first. The output is byte-stable, so `--check` can run in CI.
 """
 
 from __future__ import annotations
@@ -113,21 +119,30 @@ def dashboards_kustomization(root: Path = ROOT) -> str:
     return HEADER.format(source=f"{DASHBOARDS_DIR}/*.json") + dump(data)
 
 
-def outputs(root: Path = ROOT) -> dict[Path, str]:
+TEMPLATES = Path("deploy/templates")  # with {sidecar_job} and {vllm_job}
+
+
+def outputs(root: Path = ROOT, jobs: dict[str, str] | None = None) -> dict[Path, str]:
     """Every generated file (relative to the repo root) and its content."""
+    jobs = jobs or {"sidecar_job": "specdec", "vllm_job": "vllm"}
     files = {
         RULE_FILE: prometheus_rule(root),
         K8S_DASHBOARDS / "kustomization.yaml": dashboards_kustomization(root),
     }
+    for template, out in (
+        ("podmonitor.yaml", K8S_DIR / "podmonitor.yaml"),
+        ("compose-prometheus.yml", Path("deploy/compose/prometheus.yml")),
+    ):
+        files[out] = (root / TEMPLATES / template).read_text(encoding="utf-8").format(**jobs)
     for path in dashboard_files(root):
         json.loads(path.read_text(encoding="utf-8"))  # fail here on a broken dashboard
         files[K8S_DASHBOARDS / path.name] = path.read_text(encoding="utf-8")
     return files
 
 
-def write(root: Path = ROOT, check: bool = False) -> list[Path]:
+def write(root: Path = ROOT, check: bool = False, jobs: dict[str, str] | None = None) -> list[Path]:
     """Write the outputs; return those that were (with `check`: would be) changed or removed."""
-    wanted = outputs(root)
+    wanted = outputs(root, jobs)
     stale = [
         rel
         for rel, text in wanted.items()
@@ -153,8 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if a file is stale"
     )
+    parser.add_argument("--config", type=Path, metavar="FILE", help="a mixin config's job names")
     args = parser.parse_args(argv)
-    changed = write(args.root, args.check)
+    jobs = None
+    if args.config:
+        sys.path.insert(0, str(ROOT))
+        from dashboards import mixin
+        from exporter.config import ConfigError
+
+        try:
+            mix = mixin.load(args.config)
+        except ConfigError as exc:
+            print("\n".join(f"config error: {m}" for m in exc.messages), file=sys.stderr)
+            return 2
+        jobs = {"sidecar_job": mix.sidecar_job, "vllm_job": mix.vllm_job}
+    changed = write(args.root, args.check, jobs)
     for rel in changed:
         print(f"{'stale' if args.check else 'wrote'}: {rel}")
     return 1 if args.check and changed else 0

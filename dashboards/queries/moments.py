@@ -16,12 +16,12 @@ the window's own and the one the day's per-request spread predicts for the windo
 
 from __future__ import annotations
 
+from dashboards.mixin import seconds
 from dashboards.promql import by, ratio, sum_rate
 from dashboards.selectors import ROUTE
 
 LEVEL = "route_model_name"
 EXACT = 'source="exact"'
-SECONDS = {"1m": 60, "5m": 300, "10m": 600, "1h": 3600, "1d": 86400}
 
 
 def rule(figure: str, op: str, window: str) -> str:
@@ -68,7 +68,7 @@ def acceptance_stderr(window: str) -> str:
     p, m = rule("exact_acceptance", "ratio_rate", window), rule("spec_requests", "increase", window)
     total = _moments(window)["T"]
     return (
-        f"sqrt(\n  clamp_min({residual(p, window)}, 0) / {SECONDS[window]}\n"
+        f"sqrt(\n  clamp_min({residual(p, window)}, 0) / {seconds(window)}\n"
         f"  * {m} / ({m} - 1 > 0)\n)\n/ ({total} > 0)"
     )
 
@@ -86,7 +86,7 @@ def baseline_stderr(window: str) -> str:
     m = rule("spec_requests", "increase", window)
     q = rule("request_residual_variance", "ratio_rate", "1d")
     total = _moments(window)["T"]
-    return f"sqrt({m} * on (route, model_name) {q})\n/ ({total} * {SECONDS[window]} > 0)"
+    return f"sqrt({m} * on (route, model_name) {q})\n/ ({total} * {seconds(window)} > 0)"
 
 
 def drop_zscore(window: str) -> str:

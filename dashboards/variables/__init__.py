@@ -12,7 +12,7 @@ from typing import Any
 
 from grafanalib import core as G
 
-from dashboards.panels import DATASOURCE, DATASOURCE_UID
+from dashboards.panels import DATASOURCE
 
 ALL = ".*"
 
@@ -30,7 +30,8 @@ class Variable:
         return data
 
 
-def datasource() -> Any:
+def datasource(uid: str) -> Any:
+    """The data source variable, its current value the provisioned Prometheus' `uid`."""
     template = G.Template(
         name="datasource",
         label="Data source",
@@ -42,7 +43,7 @@ def datasource() -> Any:
     return Variable(
         template,
         "The Prometheus that scrapes the specdec sidecar and loads its rules.",
-        {"selected": True, "text": "Prometheus", "value": DATASOURCE_UID},
+        {"selected": True, "text": "Prometheus", "value": uid},
     )
 
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from exporter.cli.common import EXIT_USAGE, Verbs
 from exporter.core.durations import parse_duration
 
 EXIT_STALE = 1
+CONFIG_HELP = (
+    "a mixin config (YAML): job names and selectors, alert thresholds, windows and `for` "
+    "durations, the runbook URL, the dashboards' uid prefix, tags and data source; the "
+    "defaults reproduce the committed files (docs/mixin.md)"
+)
 
 
 def register(verbs: Verbs) -> None:
@@ -30,6 +36,7 @@ def register(verbs: Verbs) -> None:
         action="store_true",
         help="write nothing; exit 1 if a committed file differs from the generated one",
     )
+    p.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     p.set_defaults(run=rules)
     d = verbs.add_parser(
         "dashboards",
@@ -67,6 +74,7 @@ def register(verbs: Verbs) -> None:
         metavar="DURATION",
         help="time range of the preview's time series, e.g. 15m, 1h (default 1h)",
     )
+    d.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     d.add_argument(
         "--var",
         action="append",
@@ -77,10 +85,28 @@ def register(verbs: Verbs) -> None:
     d.set_defaults(run=dashboards)
 
 
+def _mixin(args: argparse.Namespace) -> Any:
+    """The --config file's mixin, the defaults without one; None after printing its errors."""
+    from dashboards import mixin
+    from exporter.config import ConfigError
+
+    if args.config is None:
+        return mixin.DEFAULT
+    try:
+        return mixin.load(args.config)
+    except ConfigError as exc:
+        for message in exc.messages:
+            print(f"specdec: config error: {message}", file=sys.stderr)
+        return None
+
+
 def rules(args: argparse.Namespace) -> int:
     from dashboards.rules import write
 
-    stale = write(args.root, args.check)
+    mix = _mixin(args)
+    if mix is None:
+        return EXIT_USAGE
+    stale = write(args.root, args.check, mix)
     for path in stale:
         print(f"{_verdict(args.root / path) if args.check else 'wrote'}: {path}")
     if args.check and stale:
@@ -95,10 +121,13 @@ def _verdict(path: Path) -> str:
 def dashboards(args: argparse.Namespace) -> int:
     from dashboards import build
 
+    mix = _mixin(args)
+    if mix is None:
+        return EXIT_USAGE
     if args.preview is not None:
-        return _preview(args)
+        return _preview(args, mix)
     out = args.out or build.DIRECTORY
-    changed = build.write(out, check=args.check)
+    changed = build.write(out, check=args.check, mix=mix)
     for path in changed:
         if not args.check:
             print(f"wrote {path}")
@@ -109,7 +138,7 @@ def dashboards(args: argparse.Namespace) -> int:
     return EXIT_STALE if args.check and changed else 0
 
 
-def _preview(args: argparse.Namespace) -> int:
+def _preview(args: argparse.Namespace, mix: Any) -> int:
     from dashboards import build
     from dashboards.live import PrometheusError
 
@@ -124,7 +153,7 @@ def _preview(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         values, range_s = build.variables(args.var), parse_duration(args.range)
-        for path in build.previews(args.prometheus, args.preview, values, range_s):
+        for path in build.previews(args.prometheus, args.preview, values, range_s, mix):
             print(f"wrote {path}")
     except (PrometheusError, ValueError) as exc:
         print(f"specdec dashboards --preview: {exc}", file=sys.stderr)

@@ -11,9 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import yaml
-
-from exporter.config.nodes import ConfigError
+from exporter.config.nodes import ConfigError, compose
 from exporter.config.schema import (
     DEFAULT_INTERVAL,
     DEFAULT_LISTEN,
@@ -52,17 +50,7 @@ __all__ = [
 def load(path: str | Path) -> Config:
     """Read and validate a YAML config file; ConfigError (every error in it) on any problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(source, None, "", f"cannot read: {exc}") from exc
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = None if mark is None else mark.line + 1
-        message = f"not valid YAML: {getattr(exc, 'problem', exc)}"
-        raise ConfigError(source, line, "", message) from exc
+    root = compose(path)
     if root is None:
         raise ConfigError(source, 1, "", "the file is empty; it needs at least `targets:`")
     reader = ConfigReader(source)

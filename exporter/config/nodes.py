@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -37,6 +38,23 @@ class ConfigError(Exception):
         combined.messages = [m for e in errors for m in e.messages]
         combined.args = ("\n".join(combined.messages),)
         return combined
+
+
+def compose(path: str | Path) -> yaml.Node | None:
+    """A YAML file's node tree (None when it holds no document); ConfigError, located, when it
+    cannot be read or is not YAML."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, None, "", f"cannot read: {exc}") from exc
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = None if mark is None else mark.line + 1
+        message = f"not valid YAML: {getattr(exc, 'problem', exc)}"
+        raise ConfigError(source, line, "", message) from exc
 
 
 class Reader:
@@ -126,10 +144,12 @@ class Reader:
             raise self.fail(node, key, "the same window is given twice")
         return tuple(result)
 
-    def check_url(self, url: str, node: yaml.Node | None, key: str) -> str:
+    def check_url(
+        self, url: str, node: yaml.Node | None, key: str, shape: str = "http(s)://HOST:PORT/metrics"
+    ) -> str:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise self.fail(node, key, f"expected an http(s)://HOST:PORT/metrics URL, got {url!r}")
+            raise self.fail(node, key, f"expected an {shape} URL, got {url!r}")
         try:
             parts.port  # noqa: B018  (raises ValueError: port not a number or out of range)
         except ValueError:

@@ -32,12 +32,15 @@ class SimState:
     clock: Callable[[], float] = time.time  # `created` stamps; tests fix it for byte equality
 
 
+SIM: web.AppKey[SimState] = web.AppKey("sim", SimState)
+
+
 def build_app(
     engine: SimEngine, per_request: str = "summary", clock: Callable[[], float] = time.time
 ) -> web.Application:
     state = SimState(engine, per_request, clock=clock)
     app = web.Application(client_max_size=8 * 1024 * 1024)
-    app["sim"] = state
+    app[SIM] = state
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
@@ -51,8 +54,7 @@ def build_app(
 
 
 def _state(request: web.Request) -> SimState:
-    state: SimState = request.app["sim"]
-    return state
+    return request.app[SIM]
 
 
 def _json_error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:

@@ -26,6 +26,15 @@ from typing import Any, TypeVar
 
 import yaml
 
+from dashboards.live import (
+    PrometheusError,
+    annotation_queries,
+    instant,
+    panel_queries,
+    resolve_variables,
+    substitute,
+)
+from dashboards.panels import JSON
 from tests.helpers import child, free_port, need_tool, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,8 +120,11 @@ class Live:
         return "\n".join(parts)
 
 
-def prometheus_config(sim_port: int, sidecar_port: int, rule_files: list[Path]) -> dict[str, Any]:
-    """The repo's prometheus.yml, pointed at this bundle, 1 s scrapes, no Alertmanager."""
+def prometheus_config(
+    sim_port: int, sidecar_port: int, rule_files: list[Path], sidecar_job: str = "specdec"
+) -> dict[str, Any]:
+    """The repo's prometheus.yml, pointed at this bundle, 1 s scrapes, no Alertmanager; the
+    sidecar's job renamed to `sidecar_job` (a mixin config's)."""
     config: dict[str, Any] = yaml.safe_load((REPO / "prometheus.yml").read_text(encoding="utf-8"))
     config["global"]["scrape_interval"] = "1s"
     assert config["rule_files"] == ["deploy/prometheus/rules/*.yml"], config["rule_files"]
@@ -123,6 +135,8 @@ def prometheus_config(sim_port: int, sidecar_port: int, rule_files: list[Path]) 
     assert sorted(jobs) == sorted(ports), jobs
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": [f"127.0.0.1:{ports[job['job_name']]}"]}]
+        if job["job_name"] == "specdec":
+            job["job_name"] = sidecar_job
     return config
 
 
@@ -194,13 +208,17 @@ def backfill(tsdb: Path, tmp: Path, promtool: str) -> None:
 
 
 @contextmanager
-def live_stack(tmp: Path, rule_files: list[Path] = SHIPPED_RULES) -> Iterator[Live]:
+def live_stack(
+    tmp: Path, rule_files: list[Path] = SHIPPED_RULES, sidecar_job: str = "specdec"
+) -> Iterator[Live]:
     """Demo bundle + Prometheus on free ports; both process groups stopped on exit."""
     prometheus = need_tool("prometheus")
     promtool = need_tool("promtool")
     sim_port, sidecar_port, proxy_port, prom_port = (free_port() for _ in range(4))
     config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(sim_port, sidecar_port, rule_files)))
+    config.write_text(
+        yaml.safe_dump(prometheus_config(sim_port, sidecar_port, rule_files, sidecar_job))
+    )
     tsdb = tmp / "tsdb"
     tsdb.mkdir()
     backfill(tsdb, tmp, promtool)
@@ -239,7 +257,7 @@ def live_stack(tmp: Path, rule_files: list[Path] = SHIPPED_RULES) -> Iterator[Li
 
         live.poll(ready, 60, "prometheus /-/ready")
         live.poll(
-            lambda: len(live.query('up{job=~"specdec|vllm"} == 1')) == 2,
+            lambda: len(live.query(f'up{{job=~"{sidecar_job}|vllm"}} == 1')) == 2,
             30,
             lambda: f"both jobs up: {live.query('up')}",
         )
@@ -247,3 +265,46 @@ def live_stack(tmp: Path, rule_files: list[Path] = SHIPPED_RULES) -> Iterator[Li
         # the children must still be alive at the end: a crash mid-test is a failure
         assert demo.poll() is None, f"specdec demo died during the test\n{live.tail()}"
         assert server.poll() is None, f"prometheus died during the test\n{live.tail()}"
+
+
+# --- dashboards against the stack ---------------------------------------------------
+
+
+def queries_without_data(url: str, boards: dict[str, JSON], given: dict[str, str]) -> list[str]:
+    """Panel queries (and variable queries) without a sample now, as readable lines; variables
+    not `given` take their "All" value, as a dashboard opens."""
+    out = []
+    for data in boards.values():
+        now = time.time()
+        values = resolve_variables(data, url, given, now - 3600, now)
+        queries = panel_queries(data)
+        for q in queries:
+            expr = substitute(q.expr, values)
+            try:
+                if not instant(url, expr):
+                    out.append(f"{q.dashboard} / {q.panel} / {q.ref}: {expr}")
+            except PrometheusError as exc:
+                out.append(f"{q.dashboard} / {q.panel} / {q.ref}: ERROR {exc}")
+        for var in data["templating"]["list"]:
+            query = var.get("query", "")
+            if var["type"] == "query" and query.startswith("label_values("):
+                metric, label = query[len("label_values(") : -1].rsplit(",", 1)
+                expr = substitute(f"count by ({label.strip()}) ({metric})", values)
+                if not instant(url, expr):
+                    out.append(f"{data['uid']} / variable {var['name']}: {expr}")
+        for expr in annotation_queries(data):
+            instant(url, substitute(expr, values))  # must parse; alerts need not fire
+    return out
+
+
+def panels_without_data(
+    url: str, boards: dict[str, JSON], values: dict[str, str], seconds: float
+) -> list[str]:
+    """`queries_without_data`, polled until none is left or `seconds` have passed (the rule
+    groups evaluate every 15 s and 1 m: the first figures take that long)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        empty = queries_without_data(url, boards, values)
+        if not empty or time.monotonic() > deadline:
+            return empty
+        time.sleep(2)

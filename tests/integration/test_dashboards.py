@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,24 +21,21 @@ import pytest
 import yaml
 
 from dashboards.build import dashboards
-from dashboards.live import (
-    PrometheusError,
-    Query,
-    annotation_queries,
-    instant,
-    panel_queries,
-    resolve_variables,
-    substitute,
-)
+from dashboards.mixin import DEFAULT
 from dashboards.panels import (
-    DATASOURCE_UID,
     OLD_DASHBOARD_KEYS,
     OLD_PANEL_KEYS,
     OLD_VARIABLE_KEYS,
 )
 from tests.dashboards_ts import generate
 from tests.helpers import need_tool
-from tests.integration.live import LEVELS, MODEL, Live
+from tests.integration.live import (
+    LEVELS,
+    MODEL,
+    Live,
+    panels_without_data,
+    queries_without_data,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TS = ROOT / "tests" / "dashboards_ts"
@@ -48,6 +44,7 @@ ROUTES = tuple(LEVELS)  # exporter.demo.WORKLOADS
 # what a user who picks every concrete value sees; the preview uses the All value (.*)
 VALUES = {"job": "specdec", "model_name": MODEL, "route": "|".join(ROUTES), "engine": "0"}
 DATA_DEADLINE = 120.0
+DATASOURCE_UID = DEFAULT.dashboards.datasource
 
 
 def tsc(*files: Path) -> subprocess.CompletedProcess[str]:
@@ -177,50 +174,14 @@ def test_dashboards_type_check_against_grafana_schema() -> None:
 # --- live Prometheus ---------------------------------------------------------------------------
 
 
-def _empty(url: str, given: dict[str, str]) -> list[str]:
-    """Panel queries (and variable queries) without a sample now, as readable lines; variables
-    not `given` take their "All" value, as a dashboard opens."""
-    out = []
-    for data in dashboards().values():
-        now = time.time()
-        values = resolve_variables(data, url, given, now - 3600, now)
-        queries: list[Query] = panel_queries(data)
-        for q in queries:
-            expr = substitute(q.expr, values)
-            try:
-                if not instant(url, expr):
-                    out.append(f"{q.dashboard} / {q.panel} / {q.ref}: {expr}")
-            except PrometheusError as exc:
-                out.append(f"{q.dashboard} / {q.panel} / {q.ref}: ERROR {exc}")
-        for var in data["templating"]["list"]:
-            query = var.get("query", "")
-            if var["type"] == "query" and query.startswith("label_values("):
-                metric, label = query[len("label_values(") : -1].rsplit(",", 1)
-                expr = substitute(f"count by ({label.strip()}) ({metric})", values)
-                if not instant(url, expr):
-                    out.append(f"{data['uid']} / variable {var['name']}: {expr}")
-        for expr in annotation_queries(data):
-            instant(url, substitute(expr, values))  # must parse; alerts need not fire
-    return out
-
-
-def _wait_for_data(url: str, values: dict[str, str]) -> list[str]:
-    deadline = time.monotonic() + DATA_DEADLINE
-    while True:
-        empty = _empty(url, values)
-        if not empty or time.monotonic() > deadline:
-            return empty
-        time.sleep(2)
-
-
 def test_every_panel_query_returns_data(live: Live) -> None:
     prometheus = live.prometheus
-    empty = _wait_for_data(prometheus, VALUES)
+    empty = panels_without_data(prometheus, dashboards(), VALUES, DATA_DEADLINE)
     assert not empty, f"{len(empty)} queries without data after {DATA_DEADLINE:.0f} s:\n" + (
         "\n".join(empty)
     )
     # with "All" selected (as a dashboard opens) too
-    assert not _empty(prometheus, {})
+    assert not queries_without_data(prometheus, dashboards(), {})
 
 
 def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None:
@@ -231,7 +192,7 @@ def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None
         if os.environ.get("CI"):
             pytest.fail("matplotlib is not installed; the test extra must bring it")
         pytest.skip("matplotlib not installed")
-    assert not _wait_for_data(prometheus, {})
+    assert not panels_without_data(prometheus, dashboards(), {}, DATA_DEADLINE)
     done = subprocess.run(
         [
             sys.executable,

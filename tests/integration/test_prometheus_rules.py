@@ -135,7 +135,14 @@ def test_generated_rules_are_up_to_date(tmp_path: Path) -> None:
     stale.write_text(stale.read_text().replace("for: 2m", "for: 3m"))
     out = run(sys.executable, "-m", "exporter", "rules", "--check", "--root", str(tmp_path))
     assert out.returncode == 1, out.stdout + out.stderr
-    assert out.stdout.strip() == "stale: deploy/prometheus/rules/specdec-alerts.yml", out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0] == "stale: deploy/prometheus/rules/specdec-alerts.yml", out.stdout
+    assert lines[-1].startswith(f"(looked under {tmp_path};"), out.stdout
+    # and a missing file is called missing, not stale
+    stale.unlink()
+    out = run(sys.executable, "-m", "exporter", "rules", "--check", "--root", str(tmp_path))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0] == "missing: deploy/prometheus/rules/specdec-alerts.yml"
 
 
 def test_amtool_check_config_and_routes() -> None:

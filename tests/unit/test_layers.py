@@ -33,7 +33,7 @@ MAY_IMPORT = {
     "exporter.process": set(),
     ROOT_MODULE: set(),
     "exporter.__main__": {"exporter.cli"},
-    "dashboards": set(),  # the mixin: PromQL, rules, panels; the duration grammar from core
+    "dashboards": {"exporter.config"},  # the mixin file is read as the sidecar config is
 }
 
 
