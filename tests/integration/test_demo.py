@@ -5,6 +5,7 @@ dies at start are one clear message."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -18,6 +19,7 @@ from tests.helpers import free_port, http_get, need_tool, samples, specdec, valu
 REPO = Path(__file__).resolve().parents[2]
 
 LINE = re.compile(r"^(voice_chat|coding_agent)\s+acceptance\s+([\d.]+)%")
+REPORT = re.compile(r"^(voice_chat|coding_agent|engine)\s+acceptance")  # lines the README shows
 
 
 def test_demo_shows_both_workloads_and_stops_cleanly(tmp_path: Path) -> None:
@@ -165,3 +167,68 @@ def test_a_busy_port_is_one_line_and_exit_2(flag: str) -> None:
         "stop what holds it or pick another"
     )
     assert done.stdout == ""  # checked before anything started
+
+
+# ---- the README's quick start, verbatim ---------------------------------------------------
+
+
+def quick_start_block() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Quick start", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "the quick start has no bash block"
+    return block.group(1)
+
+
+def shape(line: str) -> str:
+    """A demo line without its figures: what the README shows and the program prints alike."""
+    return re.sub(r"\s+", " ", re.sub(r"\d+(\.\d+)?", "N", line)).strip()
+
+
+def readme_sample_shapes() -> set[str]:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.S | re.M)
+    lines = [ln for lang, body in blocks if not lang for ln in body.splitlines()]
+    return {shape(ln) for ln in lines if REPORT.match(ln)}
+
+
+def test_the_quick_start_runs_verbatim_in_a_fresh_venv(tmp_path: Path) -> None:
+    """The block on a PEP 668 system Python: a bare environment (system PATH, an empty HOME, no
+    virtualenv), the block's own venv and pip install, then `specdec demo` printing lines shaped
+    as the README's sample. `<this repo>` is the only substitution (this checkout's commits)."""
+    for port in (8000, 8001, 10419):  # the demo's defaults, as a newcomer runs it
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy"
+    script = quick_start_block().replace("<this repo>", str(REPO))
+    assert script.count("\n") <= 5 and "specdec demo" in script
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    out = tmp_path / "quickstart.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            sample = readme_sample_shapes()
+            assert len(sample) == 3, sample
+
+            def like_the_readme() -> dict[str, str] | None:
+                """Each name's latest line, once all three are shaped as the README's sample
+                (a route's first line, from one request, has no interval yet)."""
+                lines = out.read_text(errors="replace").splitlines()
+                latest = {ln.split(" ", 1)[0]: shape(ln) for ln in lines if REPORT.match(ln)}
+                return latest if len(latest) == 3 and set(latest.values()) == sample else None
+
+            wait_for(like_the_readme, timeout=240, what="the demo's lines as the README shows")
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as the block says
+            code = proc.wait(30)
+    text = out.read_text(errors="replace")
+    assert code == 0, text[-3000:]
+    assert (tmp_path / "specdec" / ".venv" / "bin" / "specdec").is_file()  # the block's own venv
+    assert "Traceback" not in text and "externally-managed" not in text

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -759,6 +760,13 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = tmp / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env)
     python = env / "bin" / "python"
+    # run from inside a virtualenv, "system" site-packages are the base interpreter's, not this
+    # one's: name this interpreter's own on a .pth line (plain paths: its .pth files, such as an
+    # editable install of this repo, are not processed)
+    purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+    (Path(purelib.stdout.strip()) / "outer-site-packages.pth").write_text(
+        "".join(f"{p}\n" for p in site.getsitepackages()), encoding="utf-8"
+    )
     # the venv has no pip of its own: this interpreter's pip, run by the venv's python,
     # installs into the venv (sys.prefix)
     result = run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)])

@@ -4,6 +4,8 @@ speedup and step cost agree with the timing model, bad input gives clear errors.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,3 +201,70 @@ def test_unreachable_and_http_errors_are_clear(sims: tuple[str, str]) -> None:
         text=True,
     )
     assert result.returncode == 1 and "HTTP 404" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        ("127.0.0.1:8000", "did you mean 'http://127.0.0.1:8000'?"),
+        ("localhost:8000/v1", "did you mean 'http://localhost:8000/v1'?"),
+    ],
+)
+def test_a_base_url_without_a_scheme_gets_a_hint(given: str, hint: str) -> None:
+    result = subprocess.run(
+        specdec("measure", "--base-url", given, "--scenario", "ja_chat"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"specdec measure: --base-url wants http(s)://HOST:PORT, got {given!r}; {hint}"
+    ]
+
+
+def one_scenario(tmp_path: Path, prompts: int, max_tokens: int) -> Path:
+    s = builtin("code_agent")
+    doc = {"name": "code_agent", "max_tokens": max_tokens, "prompts": list(s.prompts[:prompts])}
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_base_url_ending_in_v1_is_accepted(sims: tuple[str, str], tmp_path: Path) -> None:
+    pack = one_scenario(tmp_path, 2, 24)
+    args = ["measure", "--base-url", sims[0] + "/v1/", "--scenario-file", str(pack), "--json"]
+    result = subprocess.run(specdec(*args), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["scenarios"]
+    assert row["requests"] == 2 and row["acceptance_rate"] is not None
+
+
+def finished_requests(url: str) -> float:
+    page = http_get(url + "/metrics")
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total{.*} (\S+)$", page, re.M))
+
+
+def test_an_interrupt_reports_what_was_measured_without_blaming_the_server(
+    sims: tuple[str, str], tmp_path: Path
+) -> None:
+    """Ctrl-C after some requests finished: exit 130, the rows measured so far (acceptance from
+    vLLM's per-request objects), and no word about missing counters or --speculative-config."""
+    spec = sims[0]
+    before = finished_requests(spec)
+    pack = one_scenario(tmp_path, 40, 200)
+    args = ["measure", "--base-url", spec, "--scenario-file", str(pack)]
+    proc = subprocess.Popen(
+        specdec(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: finished_requests(spec) >= before + 2, timeout=60, what="2 requests done")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted; what was measured so far" in err
+    assert "interrupted before the engine's counters were read again" in out
+    assert "code_agent" in out
+    for blame in ("no speculative-decoding counters", "--speculative-config", "Traceback"):
+        assert blame not in out + err, (blame, out, err)
