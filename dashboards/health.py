@@ -163,26 +163,30 @@ def panels(mix: Mixin) -> list[tuple[int, list[Any]]]:
         no_value=NO_SIDECAR,
     )
     memory = timeseries(
-        "Sidecar memory and file descriptors",
-        "Resident memory of each sidecar (solid, left axis) and its open file descriptors "
-        "(dashed, right axis). Steady growth of either points at a leak.",
-        [
-            ("memory {{instance}}", Q.sidecar_memory()),
-            ("open fds {{instance}}", Q.sidecar_fds()),
-        ],
+        "Sidecar memory",
+        "Resident memory of each sidecar process. Steady growth under steady traffic points "
+        "at a leak.",
+        [("{{instance}}", Q.sidecar_memory())],
         BYTES,
         min_value=0,
-        overrides=[
-            by_ref(
-                "B",
-                dashed(),
-                {"id": "unit", "value": COUNT},
-                {"id": "custom.axisPlacement", "value": "right"},
-            )
-        ],
         no_value=NO_SIDECAR,
     )
-    return [(8, [durations, errors]), (8, [coverage, proxy]), (8, [statuses, cpu, memory])]
+    fds = timeseries(
+        "Sidecar file descriptors",
+        "Open file descriptors of each sidecar process: about two per connection in flight "
+        "through the proxy, plus its listeners and the scrape clients. Growth without traffic "
+        "points at leaked connections.",
+        [("{{instance}}", Q.sidecar_fds())],
+        COUNT,
+        min_value=0,
+        decimals=0,
+        no_value=NO_SIDECAR,
+    )
+    return [
+        (8, [durations, errors]),
+        (8, [coverage, proxy]),
+        (8, [statuses, cpu, memory, fds]),
+    ]
 
 
 def build(mix: Mixin) -> Any:

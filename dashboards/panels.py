@@ -21,6 +21,15 @@ JSON = dict[str, Any]
 DATASOURCE: JSON = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 36  # 37+ would need what its migrations add: showLegend, table cellOptions
 NO_TRAFFIC = "No traffic"
+NO_FULL_WINDOW = "No traffic over a full window"  # panels whose figures wait for a full window
+
+
+def no_value_for(queries: Sequence[tuple[str, str]]) -> str:
+    """What an empty panel says: a panel of full-window figures (an `offset` history guard, see
+    dashboards/queries/panels.py) is also empty while its routes or engines are young."""
+    guarded = any(" offset " in expr and "group by" in expr for _, expr in queries)
+    return NO_FULL_WINDOW if guarded else NO_TRAFFIC
+
 
 # units (Grafana unit ids; "suffix:" is Grafana's custom-unit syntax)
 PERCENT = "percentunit"
@@ -29,7 +38,7 @@ TOKENS_PER_SECOND = "suffix: tok/s"
 TOKENS_PER_STEP = "suffix: tok/step"
 SECONDS = "s"
 REQUESTS_PER_SECOND = "reqps"
-PER_SECOND = "cps"
+PER_SECOND = "suffix:/s"  # events per second (Grafana's "cps" reads "c/s")
 BYTES = "bytes"
 COUNT = "short"
 
@@ -43,7 +52,6 @@ def steps(base: str, *levels: tuple[float, str]) -> list[JSON]:
 
 
 NEUTRAL = steps(BLUE)
-BREAK_EVEN_LINE = steps(TRANSPARENT, (1.0, RED))  # time series: a red dashed line at 1x
 SPEEDUP = steps(RED, (1.0, GREEN))  # above 1 speculation pays
 UP_DOWN = steps(RED, (1.0, GREEN))
 
@@ -136,7 +144,7 @@ def timeseries(
     max_value: int | None = None,
     decimals: int | None = None,
     stack: bool = False,
-    no_value: str = NO_TRAFFIC,
+    no_value: str | None = None,
     repeat: str = "",
 ) -> Any:
     """`repeat`: one panel per value of that variable (its queries see one value each)."""
@@ -162,7 +170,7 @@ def timeseries(
         valueMax=max_value,
         valueDecimals=decimals,
         overrides=list(overrides),
-        extraJson={"fieldConfig": {"defaults": {"noValue": no_value}}},
+        extraJson={"fieldConfig": {"defaults": {"noValue": no_value or no_value_for(queries)}}},
     )
 
 
@@ -177,7 +185,7 @@ def stat(
     mappings: list[JSON] | None = None,
     text_mode: str = "value_and_name",
     graph: bool = True,
-    no_value: str = NO_TRAFFIC,
+    no_value: str | None = None,
 ) -> Any:
     return G.Stat(
         title=title,
@@ -191,7 +199,7 @@ def stat(
         graphMode="area" if graph else "none",
         textMode=text_mode,
         reduceCalc="lastNotNull",
-        noValue=no_value,
+        noValue=no_value or no_value_for(queries),
         thresholds=thresholds,
         mappings=mappings or [],
         maxDataPoints=None,
@@ -266,13 +274,13 @@ def bargauge(
     min_value: float = 0,
     max_value: float | None = None,
     thresholds: list[JSON] = NEUTRAL,
-    no_value: str = NO_TRAFFIC,
+    no_value: str | None = None,
 ) -> Any:
     """A horizontal bar per series, each showing its last value (instant queries)."""
     defaults: JSON = {
         "color": {"mode": "thresholds"},
         "min": min_value,
-        "noValue": no_value,
+        "noValue": no_value or no_value_for(queries),
         "unit": unit,
         "decimals": 1,
     }
@@ -306,7 +314,7 @@ def table(
     hide: Sequence[str] = ("Time",),
     overrides: Iterable[JSON] = (),
     sort_by: str | None = None,
-    no_value: str = NO_TRAFFIC,
+    no_value: str | None = None,
 ) -> Any:
     """Instant queries in table format merged into one row per label set.
 
@@ -334,7 +342,7 @@ def table(
                 },
             },
         ],
-        extraJson={"fieldConfig": {"defaults": {"noValue": no_value}}},
+        extraJson={"fieldConfig": {"defaults": {"noValue": no_value or no_value_for(queries)}}},
     )
 
 

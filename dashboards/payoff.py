@@ -8,7 +8,6 @@ from typing import Any
 from dashboards import variables as V
 from dashboards.mixin import Mixin
 from dashboards.panels import (
-    BREAK_EVEN_LINE,
     GREEN,
     ORANGE,
     PERCENT,
@@ -176,12 +175,11 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
         [
             ("estimated " + ROUTE_LEGEND, SPEEDUP_5M),
             ("measured " + ROUTE_LEGEND, Q.route_measured_speedup()),
+            ("break-even 1x ({{model_name}})", Q.speedup_breakeven()),
         ],
         TIMES,
-        thresholds=BREAK_EVEN_LINE,
-        threshold_style="dashed",
         decimals=2,
-        overrides=[by_ref("B", dashed())],
+        overrides=[by_ref("B", dashed()), reference_line("C")],
     )
     decode = timeseries(
         "Measured decode rate by route",

@@ -64,12 +64,10 @@ def fmt_value(value: float, unit: str, decimals: int | None) -> str:
         return f"{num(value * 1000, 0)} ms" if abs(value) < 1 else f"{num(value)} s"
     if unit == "reqps":
         return f"{num(value)} req/s"
-    if unit == "cps":
-        return f"{num(value)} c/s"
     if unit == "bytes":
         for prefix, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
             if abs(value) >= size:
-                return f"{value / size:.1f} {prefix}"
+                return f"{num(value / size, 1)} {prefix}"
         return f"{value:.0f} B"
     return num(value)
 
@@ -171,19 +169,11 @@ def _overrides_for(panel: JSON, ref: str, name: str) -> dict[str, Any]:
 def _draw_timeseries(ax: Any, panel: JSON, data: list[Series], now: float, span: float) -> None:
     defaults = panel["fieldConfig"]["defaults"]
     unit, decimals = defaults.get("unit", ""), defaults.get("decimals")
-    right: Any = None  # a second y axis for series overridden to custom.axisPlacement=right
     handles = []
     for i, s in enumerate(data):
         props = _overrides_for(panel, s.ref, s.name)
-        target = ax
-        if props.get("custom.axisPlacement") == "right":
-            if right is None:
-                right = ax.twinx()
-                right.yaxis.set_major_formatter(_formatter(props.get("unit", unit), decimals))
-                right.tick_params(colors=TEXT, labelsize=7)
-            target = right
         c = props.get("color", {}).get("fixedColor")
-        (line,) = target.plot(
+        (line,) = ax.plot(
             [(t - now) / 60 for t in s.times],
             s.values,
             linestyle="--" if "custom.lineStyle" in props else "-",
@@ -198,9 +188,7 @@ def _draw_timeseries(ax: Any, panel: JSON, data: list[Series], now: float, span:
             nth = sum(1 for o in data[:i] if o.name == s.name)  # the k-th band of k-th route
             other = pairs[min(nth, len(pairs) - 1)]
             x = [(t - now) / 60 for t in s.times]
-            target.fill_between(x, s.values, other.values, color=line.get_color(), alpha=0.2, lw=0)
-    if right is not None:
-        right.set_ylim(bottom=0)
+            ax.fill_between(x, s.values, other.values, color=line.get_color(), alpha=0.2, lw=0)
     custom = defaults.get("custom", {})
     if custom.get("thresholdsStyle", {}).get("mode", "off") != "off":
         for step in defaults.get("thresholds", {}).get("steps", []):
@@ -208,6 +196,7 @@ def _draw_timeseries(ax: Any, panel: JSON, data: list[Series], now: float, span:
                 ax.axhline(step["value"], color=color(step["color"]), linestyle="--", lw=1)
     if "min" in defaults:
         ax.set_ylim(bottom=defaults["min"])
+        _headroom(ax, [v for s in data for v in s.values], defaults["min"])
     if "max" in defaults:
         ax.set_ylim(top=defaults["max"])
     ax.set_xlim(-span / 60, 0)
@@ -229,10 +218,35 @@ def _draw_timeseries(ax: Any, panel: JSON, data: list[Series], now: float, span:
         )
 
 
-def _formatter(unit: str, decimals: int | None) -> Any:
-    from matplotlib.ticker import FuncFormatter  # type: ignore[import-not-found,unused-ignore]
+def _headroom(ax: Any, values: list[float], bottom: float) -> None:
+    """With the axis pinned at `bottom`, room above the highest line up to a round tick (as
+    Grafana's soft max), so a flat line is not drawn on the panel's top edge."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite or max(finite) <= bottom:
+        return
+    top = bottom + (max(finite) - bottom) * 1.1
+    ax.set_ylim(*ax.yaxis.get_major_locator().view_limits(bottom, top))
+    ax.set_ylim(bottom=bottom)
 
-    return FuncFormatter(lambda v, _pos: fmt_value(v, unit, decimals))
+
+def _formatter(unit: str, decimals: int | None) -> Any:
+    """Tick labels in the panel's unit, with as many decimals as it takes to tell the ticks
+    apart (Grafana picks the axis' decimals from the tick step, not the panel's)."""
+    from matplotlib.ticker import Formatter  # type: ignore[import-not-found,unused-ignore]
+
+    class Ticks(Formatter):  # type: ignore[misc,unused-ignore]
+        def __call__(self, value: float, pos: int | None = None) -> str:
+            return fmt_value(value, unit, decimals)
+
+        def format_ticks(self, values: Sequence[float]) -> list[str]:
+            start = decimals if decimals is not None else 0
+            for places in range(start, start + 5):
+                labels = [fmt_value(v, unit, places) for v in values]
+                if len(set(labels)) == len(labels):
+                    return labels
+            return labels
+
+    return Ticks()
 
 
 def _draw_values(ax: Any, panel: JSON, rows: list[tuple[str, float]]) -> None:
@@ -369,12 +383,6 @@ def preview(
         left, right, bottom, head = (
             (0.95, 0.2, 0.45, 0.4) if kind == "timeseries" else (0.1, 0.1, 0.1, 0.4)
         )
-        if kind == "timeseries" and any(
-            p.get("value") == "right"
-            for o in panel["fieldConfig"]["overrides"]
-            for p in o["properties"]
-        ):
-            right = 0.8
         inner = (
             x0 + left / width_in,
             top - h + bottom / height_in,

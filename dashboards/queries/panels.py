@@ -8,6 +8,8 @@ engines. Raw-counter panels also honour `$job`.
 
 from __future__ import annotations
 
+import re
+
 from dashboards.promql import by, ratio, sum_rate
 from dashboards.queries import moments, spec
 from dashboards.selectors import ENGINE
@@ -24,15 +26,43 @@ RAW_ENGINE = f"{JOB}, {ENGINE_SEL}"
 RAW_MODEL = f"{JOB}, {MODEL}"
 
 
-def rule(scope: spec.Scope, figure: str, suffix: str, per_position: bool = False) -> str:
-    """A recording rule of dashboards/rules.py, e.g. rule(ROUTES, "acceptance", "ratio_rate5m")."""
+# A figure over a window is drawn once its route or engine has that window of history (its
+# marker counter existed a window ago). A young series' window holds only its first minutes: its
+# 5m rate reads low, its ratios swing with the first few requests, and either looks like a trend
+# on the graph and like a fact on a "now" panel. A new route or a new sidecar shows once its
+# window is full; a sidecar restart at the same address keeps its series and shows throughout.
+HISTORY = {
+    spec.ROUTES: "specdec_route_requests_total",  # every route with a request
+    spec.ENGINES: "specdec_engine_restarts_total",  # every engine the sidecar tracks
+}
+WINDOW_SUFFIX = re.compile(r"(\d+[smhdw])$")
+
+
+def full_window(expr: str, scope: spec.Scope, window: str) -> str:
+    """`expr` (a figure over `window`) where its series are at least `window` old."""
+    labels = ", ".join(scope.labels)
+    sel = ROUTE_SEL if scope is spec.ROUTES else ENGINE_SEL
+    history = f"{HISTORY[scope]}{{{sel}}} offset {window}"
+    return f"(\n{expr}\nand on ({labels}) group by ({labels}) ({history})\n)"
+
+
+def rule(
+    scope: spec.Scope, figure: str, suffix: str, per_position: bool = False, offset: str = ""
+) -> str:
+    """A recording rule of dashboards/rules.py, e.g. rule(ROUTES, "acceptance", "ratio_rate5m"),
+    over a full window (`full_window`); or as it was `offset` ago (a past, full window)."""
     level = f"{scope.level}_position" if per_position else scope.level
     sel = ROUTE_SEL if scope is spec.ROUTES else ENGINE_SEL
-    return f"{level}:{scope.prefix}{figure}:{suffix}{{{sel}}}"
+    recorded = f"{level}:{scope.prefix}{figure}:{suffix}{{{sel}}}"
+    if offset:
+        return f"{recorded} offset {offset}"
+    window = WINDOW_SUFFIX.search(suffix)
+    assert window is not None, suffix
+    return full_window(recorded, scope, window.group(1))
 
 
-def route_rule(figure: str, suffix: str) -> str:
-    return rule(spec.ROUTES, figure, suffix)
+def route_rule(figure: str, suffix: str, offset: str = "") -> str:
+    return rule(spec.ROUTES, figure, suffix, offset=offset)
 
 
 def engine_rule(figure: str, suffix: str, per_position: bool = False) -> str:
@@ -45,6 +75,12 @@ def engine_rule(figure: str, suffix: str, per_position: bool = False) -> str:
 def breakeven() -> str:
     """Acceptance below which speculation costs more than it saves, per model."""
     return f"max by (model_name) (specdec_breakeven_acceptance_ratio{{{RAW_MODEL}}})"
+
+
+def speedup_breakeven() -> str:
+    """1x, per model the sidecar can estimate a speedup for: a series of its own, so the
+    line has a legend entry (a threshold line has none)."""
+    return f"clamp(max by (model_name) (specdec_breakeven_acceptance_ratio{{{RAW_MODEL}}}), 1, 1)"
 
 
 def tokens_per_step_ceiling() -> str:
@@ -61,7 +97,9 @@ def decode_ceiling() -> str:
 
 def route_measured_speedup() -> str:
     """The sidecar's measured decode rate / the model's plain decode rate, 5m window."""
-    return f'specdec_route_speedup_ratio{{{RAW_ROUTE}, window="5m"}}'
+    return full_window(
+        f'specdec_route_speedup_ratio{{{RAW_ROUTE}, window="5m"}}', spec.ROUTES, "5m"
+    )
 
 
 def route_ttft(q: float) -> str:
@@ -76,20 +114,23 @@ def route_acceptance_change() -> str:
     """Acceptance now (5m) minus the same hour yesterday, in ratio points."""
     return (
         f"{route_rule('acceptance', 'ratio_rate5m')}\n- on (route, model_name)\n"
-        f"{route_rule('acceptance', 'ratio_rate1h')} offset 1d"
+        f"{route_rule('acceptance', 'ratio_rate1h', offset='1d')}"
     )
 
 
 def route_acceptance_yesterday() -> str:
-    return f"{route_rule('acceptance', 'ratio_rate1h')} offset 1d"
+    return route_rule("acceptance", "ratio_rate1h", offset="1d")
 
 
 # --- per model x engine ------------------------------------------------------------------
 
 
 def engine_flow(counter: str) -> str:
-    """Draft tokens per second of one engine counter (proposed, accepted, rejected)."""
-    return sum_rate(f"specdec_{counter}_total", RATE, ENGINE, RAW_ENGINE)
+    """Draft tokens per second of one engine counter (proposed, accepted, rejected), from the
+    engine's first full rate window on."""
+    return full_window(
+        sum_rate(f"specdec_{counter}_total", RATE, ENGINE, RAW_ENGINE), spec.ENGINES, RATE
+    )
 
 
 def engine_restarts() -> str:
@@ -184,8 +225,9 @@ def sidecar_fds() -> str:
 
 
 def exact_rule(figure: str, op: str, window: str) -> str:
-    """A request-level recording rule (dashboards/queries/moments.py), filtered by route."""
-    return f"{moments.rule(figure, op, window)}{{{ROUTE_SEL}}}"
+    """A request-level recording rule (dashboards/queries/moments.py), filtered by route, over
+    a full window."""
+    return full_window(f"{moments.rule(figure, op, window)}{{{ROUTE_SEL}}}", spec.ROUTES, window)
 
 
 def acceptance_now(window: str) -> str:

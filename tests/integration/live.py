@@ -143,7 +143,9 @@ def prometheus_config(
 def history(now: float) -> str:
     """OpenMetrics for `promtool tsdb create-blocks-from`: a day of each demo route's counters
     (ending a minute before now) at its profile's level, with the per-request spread the
-    simulator draws (sd ~0.115 of a request's acceptance), and yesterday's hourly acceptance."""
+    simulator draws (sd ~0.115 of a request's acceptance), the engine's restart counter (so
+    routes and engine have a day of history, as in production), and yesterday's hourly
+    acceptance."""
     start, end, step = int(now) - 25 * 3600, int(now) - 60, 60
     per_minute = {"voice_chat": (8, 300), "coding_agent": (4, 1000)}  # requests, draft tokens each
     spread = 0.115
@@ -163,6 +165,7 @@ def history(now: float) -> str:
             "specdec_route_request_accepted_times_draft_tokens": m * p * t * t,
             "specdec_route_runaway_requests": 0,
             "specdec_route_requests_below_breakeven": 0,
+            "specdec_route_requests": m,
         }
         return values[name]
 
@@ -175,6 +178,7 @@ def history(now: float) -> str:
         "specdec_route_request_accepted_times_draft_tokens",
         "specdec_route_runaway_requests",
         "specdec_route_requests_below_breakeven",
+        "specdec_route_requests",
     )
     lines = []
     for name in names:
@@ -183,9 +187,15 @@ def history(now: float) -> str:
             labels = f'job="specdec",instance="backfill",model_name="{MODEL}",route="{route}"'
             if name in exact:
                 labels += ',source="exact"'
+            if name == "specdec_route_requests":
+                labels += ',status="200",finish_reason="stop"'
             increase = per_request(route, name)
             for n, ts in enumerate(range(start, end, step)):
                 lines.append(f"{name}_total{{{labels}}} {increase * n:.1f} {ts}")
+    # the engine the sidecar tracked all day (the dashboards' full-window history marker)
+    lines.append("# TYPE specdec_engine_restarts counter")
+    labels = f'job="specdec",instance="backfill",target="sim",model_name="{MODEL}",engine="0"'
+    lines += [f"specdec_engine_restarts_total{{{labels}}} 0 {ts}" for ts in range(start, end, step)]
     rule = "route_model_name:specdec_route_acceptance:ratio_rate1h"
     lines.append(f"# TYPE {rule} gauge")
     for route, level in LEVELS.items():

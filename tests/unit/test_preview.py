@@ -1,0 +1,59 @@
+"""What the previews (and Grafana) show: tick labels that tell the ticks apart, no "c/s"
+unit, one unit per graph (memory and file descriptors apart), and the speedup panel's
+break-even line as a series with a legend entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from dashboards.build import dashboards
+from dashboards.panels import JSON, PER_SECOND
+from dashboards.preview import _formatter, fmt_value  # the formatter needs matplotlib (test extra)
+
+
+def panels() -> list[JSON]:
+    return [p for board in dashboards().values() for p in board["panels"]]
+
+
+@pytest.mark.parametrize(
+    ("unit", "decimals", "ticks"),
+    [
+        ("percentunit", None, [0.36, 0.365, 0.37, 0.375]),
+        ("suffix:x", 2, [1.0, 1.005, 1.01]),
+        ("bytes", None, [60.0 * 2**20, 60.25 * 2**20, 60.5 * 2**20]),
+        ("suffix: tok/s", None, [100.0, 100.5, 101.0]),
+        ("", None, [0.0, 0.25, 0.5, 0.75, 1.0]),
+    ],
+)
+def test_tick_labels_tell_the_ticks_apart(
+    unit: str, decimals: int | None, ticks: list[float]
+) -> None:
+    labels = _formatter(unit, decimals).format_ticks(ticks)
+    assert len(set(labels)) == len(labels), labels
+
+
+def test_round_ticks_keep_short_labels() -> None:
+    assert _formatter("percentunit", None).format_ticks([0.0, 0.2, 0.4]) == ["0%", "20%", "40%"]
+
+
+def test_events_per_second_read_per_second() -> None:
+    assert PER_SECOND == "suffix:/s" and fmt_value(0.5, PER_SECOND, None) == "0.50/s"
+    units = {p["fieldConfig"]["defaults"].get("unit") for p in panels() if "fieldConfig" in p}
+    assert "cps" not in units
+
+
+def test_one_unit_per_graph() -> None:
+    """A second axis hides one line behind another: no override changes a graph's unit or axis."""
+    for panel in panels():
+        if panel["type"] != "timeseries":
+            continue
+        for override in panel["fieldConfig"]["overrides"]:
+            ids = {p["id"] for p in override["properties"]}
+            assert not ids & {"unit", "custom.axisPlacement"}, panel["title"]
+
+
+def test_the_speedup_break_even_is_a_series_with_a_legend_entry() -> None:
+    (speedup,) = [p for p in panels() if p["title"] == "Speedup: estimated and measured"]
+    legends = [t["legendFormat"] for t in speedup["targets"]]
+    assert any(f.startswith("break-even 1x") for f in legends), legends
+    assert speedup["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "off"
