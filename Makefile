@@ -2,7 +2,7 @@
 PY ?= python3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: install test test-all lint bench dashboards rules check
+.PHONY: install test test-all lint bench dashboards rules check previews
 install:
 	$(PY) -m pip install -e '.[test]'
 
@@ -20,6 +20,9 @@ rules:
 
 dashboards:
 	$(PY) -m exporter dashboards
+
+previews:  # docs/img/*.png from a live stack with a scripted acceptance drop (~17 min)
+	$(PY) -m tests.integration.render_previews
 
 check:  # the generated files are what their sources produce
 	$(PY) -m exporter rules --check && $(PY) -m exporter dashboards --check && $(PY) deploy/generate_k8s.py --check

@@ -27,7 +27,7 @@ from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.demo_prometheus import log_path, prometheus_child
 from exporter.measure.scenarios import Scenario, builtin
 from exporter.measure.stream_client import RequestFailed, stream_chat
-from exporter.process import run_until_stopped
+from exporter.process import graceful, run_until_stopped
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
 from exporter.sim.server import build_app
@@ -90,8 +90,11 @@ async def _traffic(
     scenario: Scenario,
     offset: int,
     failures: list[int],
+    stop: asyncio.Event,
 ) -> None:
     for i in itertools.count(offset):
+        if stop.is_set():
+            return
         body = {"model": MODEL, "messages": scenario.messages(i), "max_tokens": load.max_tokens}
         try:
             await stream_chat(session, base + load.path, body, headers=load.headers)
@@ -143,6 +146,8 @@ async def run(opts: Options) -> None:
     runner = web.AppRunner(build_app(engine, "summary"), access_log=None)
     await runner.setup()
     sidecar = Sidecar(config(opts))
+    task = asyncio.current_task()
+    assert task is not None
     try:
         await web.TCPSite(runner, opts.host, opts.sim_port).start()
         await sidecar.start()
@@ -153,13 +158,17 @@ async def run(opts: Options) -> None:
             else contextlib.nullcontext(None)
         )
         async with prometheus as url:
-            await _report(opts, sidecar, url)
+            await _report(opts, sidecar, url, graceful(task))
     finally:
         await sidecar.stop()
         await runner.cleanup()
 
 
-async def _report(opts: Options, sidecar: Sidecar, prometheus: str | None) -> None:
+async def _report(
+    opts: Options, sidecar: Sidecar, prometheus: str | None, stop: asyncio.Event
+) -> None:
+    """Print the lines until `duration` or a stop signal; then the workloads start nothing
+    new and the proxy drains (their requests in flight complete), as `serve` does."""
     base = f"http://{opts.host}"
     print(f"simulated vLLM   {base}:{opts.sim_port}/v1  (metrics: {base}:{opts.sim_port}/metrics)")
     print(
@@ -178,7 +187,7 @@ async def _report(opts: Options, sidecar: Sidecar, prometheus: str | None) -> No
     async with aiohttp.ClientSession() as session:
         tasks = [
             asyncio.create_task(
-                _traffic(session, proxy, load, builtin(load.scenario), worker, failures)
+                _traffic(session, proxy, load, builtin(load.scenario), worker, failures, stop)
             )
             for load in WORKLOADS
             for worker in range(opts.concurrency)
@@ -186,7 +195,10 @@ async def _report(opts: Options, sidecar: Sidecar, prometheus: str | None) -> No
         try:
             started = time.monotonic()
             while opts.duration is None or time.monotonic() - started < opts.duration:
-                await asyncio.sleep(opts.report_every)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), opts.report_every)
+                if stop.is_set():
+                    break
                 for load in WORKLOADS:
                     print(route_line(sidecar, load.route))
                 print(
@@ -194,6 +206,8 @@ async def _report(opts: Options, sidecar: Sidecar, prometheus: str | None) -> No
                     + (f"  failed requests {failures[0]}" if failures[0] else ""),
                     flush=True,
                 )
+            stop.set()  # the workloads start nothing new
+            await sidecar.drain()
         finally:
             for task in tasks:
                 task.cancel()
@@ -201,5 +215,6 @@ async def _report(opts: Options, sidecar: Sidecar, prometheus: str | None) -> No
 
 
 def main(opts: Options) -> None:
-    """Until SIGINT, SIGTERM or SIGHUP: then everything it started is stopped (exit 0)."""
+    """Until SIGINT, SIGTERM or SIGHUP: the proxy drains, then everything it started is
+    stopped (exit 0); a second signal stops at once."""
     run_until_stopped(lambda: run(opts))

@@ -1,6 +1,8 @@
 """What every long-running verb does the same way: check its listen addresses before anything
 starts, run on uvloop when it is installed, and stop cleanly on SIGINT, SIGTERM and SIGHUP
-(what Ctrl-C, `timeout`, systemd, `docker stop` and a closed terminal send), exiting 0."""
+(what Ctrl-C, `timeout`, systemd, `docker stop` and a closed terminal send), exiting 0. A verb
+with requests in flight asks for a `graceful` stop once it runs: the first signal drains, a
+second one stops at once."""
 
 from __future__ import annotations
 
@@ -65,3 +67,23 @@ def run_until_stopped(
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(guarded())
+
+
+def graceful(
+    task: asyncio.Task[Any], signals: Sequence[signal.Signals] = STOP_SIGNALS
+) -> asyncio.Event:
+    """From now on the first of `signals` sets the returned event (the caller drains, then
+    returns) and a second one cancels `task` (stop now, as before). Replaces the handlers
+    `run_until_stopped` set for those signals."""
+    loop = asyncio.get_running_loop()
+    requested = asyncio.Event()
+
+    def on_signal() -> None:
+        if requested.is_set():
+            task.cancel()
+        else:
+            requested.set()
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
+    return requested

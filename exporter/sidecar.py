@@ -6,20 +6,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import signal
 import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+from structlog.stdlib import BoundLogger
 
 from exporter import __version__, logs
-from exporter.config import Config, redact
+from exporter.config import Config, ConfigError, ModelConfig, redact
+from exporter.core.faults import Faults
+from exporter.export.guarded import Guarded
+from exporter.export.lifecycle_collector import LifecycleCollector, ReloadStatus
 from exporter.export.model_collector import ModelCollector
 from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector, engine_by_model
 from exporter.export.target_collector import TargetCollector
-from exporter.process import run_until_stopped
+from exporter.process import graceful, run_until_stopped
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
 from exporter.scrape.target import Clock, Scraper, TargetState
@@ -31,31 +38,39 @@ LANDING = """<!doctype html><html><head><title>specdec</title></head><body>
 TICK_SECONDS = 1.0
 
 
+class NeedsRestart(Exception):
+    """A reloaded config changes what only a restart can (listen addresses, the proxy on or
+    off): nothing of it is applied. `str()` lists what, one line each."""
+
+
 class Sidecar:
-    """Owns the targets' state, the proxy, their tasks and the registry served on /metrics."""
+    """Owns the targets' state, the proxy, their tasks and the registry served on /metrics;
+    drains on a stop signal, applies a reloaded config."""
 
     def __init__(self, config: Config, clock: Clock = time.monotonic) -> None:
         self.config = config
         self.clock = clock
+        self.faults = Faults()
+        self.reloads = ReloadStatus()
+        self.ready = False  # /-/ready: started and not draining
+        self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}  # shared, live
         self.targets = [TargetState(t, config.windows) for t in config.targets]
         self.registry = CollectorRegistry()
-        self.registry.register(TargetCollector(self.targets, clock))
-        models = {m.name: m for m in config.models}
-        if models:
-            self.registry.register(ModelCollector(models))
+        self._register(TargetCollector(self.targets, clock))
+        self._register(ModelCollector(self.models))
         ProcessCollector(namespace="specdec", registry=self.registry)
+        self.registry.register(LifecycleCollector(self.reloads, self.faults))
         self.proxy: Proxy | None = None
         self.fronted: TargetState | None = None
+        self._routes: RouteCollector | None = None
         if config.proxy is not None:
-            accounting = Accounting(config.proxy.route_names, config.windows, models)
-            self.proxy = Proxy(config.proxy, accounting)
-            by_name = {t.target.name: t for t in self.targets}
-            name = config.proxy.target or (
-                config.targets[0].name if len(config.targets) == 1 else None
-            )
-            self.fronted = by_name.get(name) if name else None
-            self.registry.register(RouteCollector(self.proxy, models, self.fronted, clock))
-            self.registry.register(RequestCollector(accounting, clock))
+            accounting = Accounting(config.proxy.route_names, config.windows, self.models)
+            self.proxy = Proxy(config.proxy, accounting, self.faults)
+            self.fronted = self._fronted_target(config)
+            self._routes = RouteCollector(self.proxy, self.models, self.fronted, clock)
+            self._register(self._routes)
+            self._register(RequestCollector(accounting, clock))
+        self._scrapers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.BaseRunner] = []
         self._session: aiohttp.ClientSession | None = None
@@ -64,17 +79,26 @@ class Sidecar:
         """Start scraping, serve /metrics and (if configured) the proxy."""
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"specdec/{__version__}"})
         for state in self.targets:
-            scraper = Scraper(state, self._session, self.clock)
-            self._tasks.append(asyncio.create_task(scraper.run(), name=state.target.name))
+            self._scrape(state)
         await self._serve(web.AppRunner(self._metrics_app(), access_log=None), self.config.listen)
         if self.proxy is not None and self.config.proxy is not None:
             await self.proxy.start()
             self._tasks.append(asyncio.create_task(self._tick(), name="accounting"))
+        self.ready = True
+
+    async def drain(self) -> None:
+        """A stop signal: /-/ready says 503 first, then the proxy stops accepting and lets the
+        requests in flight complete, up to proxy.drain_timeout; /metrics serves on."""
+        self.ready = False
+        if self.proxy is not None and self.config.proxy is not None:
+            await self.proxy.drain(self.config.proxy.drain_timeout)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self.ready = False
+        tasks = [*self._scrapers.values(), *self._tasks]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for runner in reversed(self._runners):
@@ -83,6 +107,72 @@ class Sidecar:
             await self._session.close()
         if self.proxy is not None:
             await self.proxy.stop()
+
+    def apply(self, new: Config) -> None:
+        """A reloaded config, applied at once (no await: no request sees half of it). Targets
+        are matched by name: a kept one keeps its running totals (a changed one is scraped
+        anew), a new one starts, a removed one stops. New windows fill again from now. Routes,
+        models and the proxy's limits and timeouts apply to new requests. NeedsRestart, and
+        nothing applied, for what only a restart can change."""
+        old = self.config
+        needs = []
+        if new.listen != old.listen:
+            needs.append(f"listen: {_address(old.listen)} -> {_address(new.listen)}")
+        if (new.proxy is None) != (old.proxy is None):
+            needs.append("proxy: a proxy section added or removed")
+        elif (
+            new.proxy is not None and old.proxy is not None and new.proxy.listen != old.proxy.listen
+        ):
+            needs.append(
+                f"proxy.listen: {_address(old.proxy.listen)} -> {_address(new.proxy.listen)}"
+            )
+        if needs:
+            raise NeedsRestart("\n".join(f"{n} needs a restart" for n in needs))
+        by_name = {state.target.name: state for state in self.targets}
+        kept = []
+        for target in new.targets:
+            state = by_name.pop(target.name, None)
+            if state is None:
+                state = TargetState(target, new.windows)
+                self._scrape(state)
+            else:
+                if new.windows != old.windows:
+                    state.rewindow(new.windows)
+                if state.target != target:
+                    state.retarget(target)
+                    self._scrape(state)  # at its new URL, interval or timeout
+            kept.append(state)
+        for name in by_name:
+            self._scrapers.pop(name).cancel()
+        self.targets[:] = kept  # the collector holds this list
+        self.models.clear()
+        self.models.update((m.name, m) for m in new.models)
+        if self.proxy is not None and new.proxy is not None and self._routes is not None:
+            accounting = self.proxy.accounting
+            if new.windows != old.windows:
+                accounting.rewindow(new.windows)
+            accounting.routes = new.proxy.route_names
+            self.proxy.reconfigure(new.proxy)
+            self.fronted = self._routes.target = self._fronted_target(new)
+        self.config = new
+
+    def _register(self, collector: Collector) -> None:
+        self.registry.register(Guarded(collector, self.faults))
+
+    def _fronted_target(self, config: Config) -> TargetState | None:
+        """The target the proxy fronts: named in the config, or the only one."""
+        assert config.proxy is not None
+        name = config.proxy.target or (config.targets[0].name if len(config.targets) == 1 else None)
+        return next((t for t in self.targets if t.target.name == name), None)
+
+    def _scrape(self, state: TargetState) -> None:
+        """(Re)start the scrape loop of `state`."""
+        assert self._session is not None
+        name = state.target.name
+        if name in self._scrapers:
+            self._scrapers[name].cancel()
+        scraper = Scraper(state, self._session, self.clock)
+        self._scrapers[name] = asyncio.create_task(scraper.run(), name=name)
 
     async def _serve(self, runner: web.BaseRunner, listen: tuple[str, int]) -> None:
         await runner.setup()
@@ -104,6 +194,7 @@ class Sidecar:
         app.router.add_get("/", self._landing)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/-/healthy", self._healthy)
+        app.router.add_get("/-/ready", self._ready)
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -129,12 +220,25 @@ class Sidecar:
     async def _healthy(self, _: web.Request) -> web.Response:
         return web.Response(text="OK\n")
 
+    async def _ready(self, _: web.Request) -> web.Response:
+        """Prometheus' convention: 200 while serving, 503 while starting or draining (so a
+        Kubernetes Service sends no new requests to a pod on its way out)."""
+        if self.ready:
+            return web.Response(text="Ready.\n")
+        return web.Response(status=503, text="Not ready: starting or draining.\n")
 
-async def run(config: Config) -> None:
-    """Run until cancelled (a stop signal, see exporter/process.py); whatever started is
-    stopped again, also when starting fails half-way."""
+
+def _address(listen: tuple[str, int]) -> str:
+    return f"{listen[0]}:{listen[1]}"
+
+
+async def run(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    """Serve until a stop signal, then drain and stop; on SIGHUP apply `reload()` (a config
+    read anew). Whatever started is stopped again, also when starting fails half-way."""
     sidecar = Sidecar(config)
     log = logs.get("serve")
+    task = asyncio.current_task()
+    assert task is not None
     try:
         await sidecar.start()
         host, port = config.listen
@@ -142,16 +246,44 @@ async def run(config: Config) -> None:
         if config.proxy is not None:
             log.info(
                 "proxy listening",
-                listen=f"{config.proxy.listen[0]}:{config.proxy.listen[1]}",
+                listen=_address(config.proxy.listen),
                 upstream=config.proxy.upstream,
                 routes=list(config.proxy.route_names),
             )
-        await asyncio.Event().wait()
+        stop = graceful(task, (signal.SIGINT, signal.SIGTERM))
+        if reload is not None:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: _reload(sidecar, reload, log)
+            )
+        await stop.wait()
+        if sidecar.proxy is not None:
+            log.info("draining", in_flight=sidecar.proxy.in_flight)
+        await sidecar.drain()
     finally:
         await sidecar.stop()
         log.info("stopped")
 
 
-def serve(config: Config) -> None:
-    """`specdec serve`: until SIGINT, SIGTERM or SIGHUP (exit 0)."""
-    run_until_stopped(lambda: run(config))
+def _reload(sidecar: Sidecar, load: Callable[[], Config], log: BoundLogger) -> None:
+    """SIGHUP: the config read anew and applied, or (a bad file, a change that needs a
+    restart) the running one kept, each error logged, the reload metric at 0."""
+    try:
+        config = load()
+        sidecar.apply(config)
+    except ConfigError as exc:
+        sidecar.reloads.failed()
+        for message in exc.messages:
+            log.error("config reload failed; the running config is kept", error=message)
+    except NeedsRestart as exc:
+        sidecar.reloads.failed()
+        for line in str(exc).splitlines():
+            log.error("config reload not applied; the running config is kept", error=line)
+    else:
+        sidecar.reloads.succeeded()
+        routes = list(config.proxy.route_names) if config.proxy is not None else []
+        log.info("config reloaded", targets=len(config.targets), routes=routes)
+
+
+def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    """`specdec serve`: until SIGINT or SIGTERM (drained, exit 0); SIGHUP reloads."""
+    run_until_stopped(lambda: run(config, reload))

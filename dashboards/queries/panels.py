@@ -38,9 +38,12 @@ HISTORY = {
 WINDOW_SUFFIX = re.compile(r"(\d+[smhdw])$")
 
 
-def full_window(expr: str, scope: spec.Scope, window: str) -> str:
-    """`expr` (a figure over `window`) where its series are at least `window` old."""
-    labels = ", ".join(scope.labels)
+def full_window(
+    expr: str, scope: spec.Scope, window: str, on: tuple[str, ...] | None = None
+) -> str:
+    """`expr` (a figure over `window`) where its series are at least `window` old; `on`: the
+    scope's labels that `expr` keeps (default all of them)."""
+    labels = ", ".join(on or scope.labels)
     sel = ROUTE_SEL if scope is spec.ROUTES else ENGINE_SEL
     history = f"{HISTORY[scope]}{{{sel}}} offset {window}"
     return f"(\n{expr}\nand on ({labels}) group by ({labels}) ({history})\n)"
@@ -103,11 +106,12 @@ def route_measured_speedup() -> str:
 
 
 def route_ttft(q: float) -> str:
-    return spec.ttft_quantile(q, RATE, RAW_ROUTE)
+    return full_window(spec.ttft_quantile(q, RATE, RAW_ROUTE), spec.ROUTES, RATE)
 
 
 def route_requests_by_status() -> str:
-    return sum_rate("specdec_route_requests_total", RATE, ("route", "status"), RAW_ROUTE)
+    rate = sum_rate("specdec_route_requests_total", RATE, ("route", "status"), RAW_ROUTE)
+    return full_window(rate, spec.ROUTES, RATE, on=("route",))
 
 
 def route_acceptance_change() -> str:
@@ -255,8 +259,10 @@ def acceptance_heatmap() -> str:
 
 def below_breakeven_share() -> str:
     """Requests that speculation made slower / requests with drafts."""
-    return moments.share("specdec_route_requests_below_breakeven_total", RATE, RAW_ROUTE)
+    share = moments.share("specdec_route_requests_below_breakeven_total", RATE, RAW_ROUTE)
+    return full_window(share, spec.ROUTES, RATE)
 
 
 def finish_reasons() -> str:
-    return sum_rate("specdec_route_requests_total", RATE, ("route", "finish_reason"), RAW_ROUTE)
+    rate = sum_rate("specdec_route_requests_total", RATE, ("route", "finish_reason"), RAW_ROUTE)
+    return full_window(rate, spec.ROUTES, RATE, on=("route",))

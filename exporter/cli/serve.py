@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from exporter.sidecar import serve
 
-    serve(config)
+    serve(config, lambda: _serve_config(args))  # SIGHUP: read again, with the same flags
     return 0
 
 

@@ -176,6 +176,12 @@ class ProxyConfig:
     max_body_bytes: int = setting(whole(1024, 1 << 30), DEFAULT_MAX_BODY)
     connect_timeout: float = setting(Reader.seconds, 5.0)
     read_timeout: float = setting(Reader.seconds, 600.0)
+    # a stop signal: in-flight requests get this long to complete, then are cut (and counted)
+    drain_timeout: float = setting(Reader.seconds, 30.0)
+    max_connections: int = setting(whole(1, 1_000_000), 1024)  # client connections at once
+    max_in_flight: int = setting(whole(1, 1_000_000), 512)  # requests upstream at once
+    header_timeout: float = setting(Reader.seconds, 10.0)  # first byte -> a request's whole head
+    idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive, and a stalled body
 
     @property
     def route_names(self) -> tuple[str, ...]:

@@ -192,12 +192,33 @@ class RouteCollector(Collector):
         )
         for reason, n in sorted(self.proxy.upstream_errors.items()):
             errors.add_metric([reason], float(n))
+        proxy = self.proxy
         refused = CounterMetricFamily(
             "specdec_proxy_refused_requests",
-            "Requests refused: absolute URI, CONNECT, body too large.",
+            "Requests refused: malformed, absolute URI, CONNECT, body too large, a head too slow.",
         )
-        refused.add_metric([], float(self.proxy.refused))
-        yield from (errors, refused)
+        refused.add_metric([], float(proxy.refused))
+        shed = CounterMetricFamily(
+            "specdec_proxy_shed_requests",
+            "Requests answered 503 (Retry-After) past a limit: max_connections or max_in_flight.",
+            labels=["limit"],
+        )
+        for limit, n in sorted(proxy.shed.items()):
+            shed.add_metric([limit], float(n))
+        cut = CounterMetricFamily(
+            "specdec_proxy_drain_cut_requests",
+            "Requests still in flight when a drain's grace (drain_timeout) ran out: closed.",
+        )
+        cut.add_metric([], float(proxy.cut_at_drain))
+        in_flight = GaugeMetricFamily(
+            "specdec_proxy_in_flight_requests", "Requests sent upstream and not over yet."
+        )
+        in_flight.add_metric([], float(proxy.in_flight))
+        clients = GaugeMetricFamily(
+            "specdec_proxy_client_connections", "Client connections open to the proxy."
+        )
+        clients.add_metric([], float(proxy.client_connections))
+        yield from (errors, refused, shed, cut, in_flight, clients)
 
 
 def engine_by_model(target: TargetState) -> dict[str, Counts]:

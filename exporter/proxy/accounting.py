@@ -120,6 +120,12 @@ class Accounting:
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
         self._exact_by_model: dict[str, Counts] = {}
 
+    def rewindow(self, windows: Sequence[Window]) -> None:
+        """New rolling windows: they fill again from now; the counters are untouched."""
+        self.history = History(windows)
+        self.decode_history = History(windows)
+        self.moments_history = History(windows)
+
     def label_model(self, name: str | None) -> str:
         """A model_name label value: served names as upstream reports them, bounded in number."""
         if not name:

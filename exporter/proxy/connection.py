@@ -6,8 +6,10 @@ more than everything else the proxy does. Here a complete request is handed to t
 from `data_received`, which usually writes it upstream before returning.
 
 Pipelined requests wait (and reading pauses while they do), so responses go out in order. A
-client that hangs up is told to the current call at once. An idle connection, or a head that
-never completes, is closed after KEEPALIVE seconds.
+client that hangs up is told to the current call at once. A request head must arrive whole
+within `header_timeout` of its first byte (else 408, as nginx answers a slow head), so a
+slowloris does not hold a connection slot; an idle connection, or a body that stalls, is
+closed after `idle_timeout`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from typing import Protocol, cast
 from exporter.proxy.reader import Refusal, RequestReader
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.writer import HIGH_WATER, HTTP_10, ResponseWriter
-
-KEEPALIVE = 75.0  # s: an idle client connection is closed after this (aiohttp's default)
 
 
 class Call(Protocol):
@@ -34,8 +34,11 @@ class Call(Protocol):
 
 
 class Server(Protocol):
-    def begin(self, writer: ResponseWriter, request: ClientRequest, body: bytes) -> Call | None:
-        """Start answering; return the call, or None when it was answered at once."""
+    def begin(
+        self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
+    ) -> Call | None:
+        """Start answering; return the call, or None when it was answered at once.
+        `over_limit`: the connection came past the server's connection limit."""
 
     def refuse(self, writer: ResponseWriter, status: int, message: str, kind: str) -> None:
         """Answer a request that cannot be served (bad HTTP, too large) and count it."""
@@ -45,10 +48,20 @@ class ClientConnection(asyncio.Protocol):
     """Reads requests, hands them to the server in order, one at a time."""
 
     def __init__(
-        self, server: Server, max_body: int, closed: Callable[[ClientConnection], None]
+        self,
+        server: Server,
+        max_body: int,
+        closed: Callable[[ClientConnection], None],
+        *,
+        header_timeout: float = 10.0,
+        idle_timeout: float = 75.0,
+        over_limit: bool = False,
     ) -> None:
         self.server = server
         self._closed = closed
+        self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
+        self.over_limit = over_limit  # every request on it is shed (503), then it closes
         self.reader = RequestReader(max_body)
         self.writer = ResponseWriter(self._ended)
         self._loop = asyncio.get_running_loop()
@@ -58,12 +71,24 @@ class ClientConnection(asyncio.Protocol):
         self._running = False
         self._continued = False  # 100 Continue sent for the request being read
         self._last = self._loop.time()
+        self._head_since: float | None = None  # the first byte of a head not yet whole
         self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A request is being answered."""
+        return self._busy
 
     def close(self) -> None:
         """Drop the connection (a call under way is told its client is gone)."""
         if self._transport is not None:
             self._transport.abort()
+
+    def drain(self) -> None:
+        """The server stops: close now when idle, else after the response under way."""
+        self.writer.close_after = True
+        if not self._busy and self._transport is not None:
+            self._transport.close()
 
     # ------------------------------------------------------------ asyncio's side
 
@@ -71,12 +96,21 @@ class ClientConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport.set_write_buffer_limits(high=HIGH_WATER)
         self.writer.transport = self._transport
-        self._timer = self._loop.call_at(self._last + KEEPALIVE, self._check_idle)
+        self._head_since = self._last  # the first request's head is due from the connect on
+        self._timer = self._loop.call_at(self._last + self.header_timeout, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
             return
-        self.reader.feed(data)
+        reader = self.reader
+        reader.feed(data)
+        now = self._loop.time()
+        self._last = now  # a body that keeps coming is not idle
+        if not reader.head_pending:
+            self._head_since = None
+        elif self._head_since is None:
+            self._head_since = now
+            self._arm(now + self.header_timeout)
         self._next()
 
     def eof_received(self) -> bool:
@@ -129,7 +163,7 @@ class ClientConnection(asyncio.Protocol):
         writer.version = request.version
         writer.close_after |= request.should_close or request.upgrade or request.version == HTTP_10
         self._last = self._loop.time()
-        call = self.server.begin(writer, request, body)
+        call = self.server.begin(writer, request, body, self.over_limit)
         if self._busy:
             self._call = call
 
@@ -143,6 +177,7 @@ class ClientConnection(asyncio.Protocol):
         self._busy = False
         self._call = None
         self._last = self._loop.time()
+        self._arm(self._last + self.idle_timeout)
         if not complete:
             return  # aborted: the transport is going
         if self.writer.close_after or self.reader.upgraded:
@@ -161,12 +196,31 @@ class ClientConnection(asyncio.Protocol):
         elif not transport.is_reading():
             transport.resume_reading()
 
-    def _check_idle(self) -> None:
-        """One timer per connection, re-armed lazily: requests only stamp the time."""
-        deadline = self._last + KEEPALIVE
-        if self._busy:
-            self._timer = self._loop.call_at(self._loop.time() + KEEPALIVE, self._check_idle)
-        elif self._loop.time() >= deadline and self._transport is not None:
-            self._transport.close()  # idle keep-alive, or a request head that never completes
-        else:
+    def _arm(self, deadline: float) -> None:
+        """Make sure the timer fires by `deadline` (it is re-armed lazily otherwise)."""
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
             self._timer = self._loop.call_at(deadline, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """One timer per connection, re-armed lazily: reads and requests only stamp the time."""
+        now, transport = self._loop.time(), self._transport
+        if transport is None:
+            return
+        head_since = self._head_since
+        if head_since is not None and now >= head_since + self.header_timeout and not self._busy:
+            self._head_since = None
+            self._refuse(Refusal(408, "request head not received in time", "RequestTimeout"))
+            return
+        if self._busy:
+            deadline = now + self.idle_timeout
+        else:
+            deadline = self._last + self.idle_timeout
+            if now >= deadline:
+                transport.close()  # idle keep-alive, or a body that stalled
+                return
+            if head_since is not None:
+                deadline = min(deadline, head_since + self.header_timeout)
+        self._timer = self._loop.call_at(deadline, self._check_idle)

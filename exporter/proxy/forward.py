@@ -6,19 +6,28 @@ event by event, as soon as each is complete). For streams that did not ask for u
 proxy asks for it upstream and removes the extra usage event on the way back. Never an open
 proxy: absolute-URI and CONNECT requests are refused; only the configured upstream is reached.
 A client that hangs up cancels the upstream request, so vLLM aborts it.
+
+Never the product's outage: routing, the stream tap's observations and accounting run beside
+the byte path, and an exception in them is counted (`Faults`) while the bytes go on as vLLM
+sent them. Past `max_connections` client connections or `max_in_flight` upstream requests a
+request is shed with vLLM's 503 shape and a Retry-After; on a stop signal `drain` lets the
+requests in flight complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from exporter import logs
 from exporter.config import ProxyConfig
 from exporter.core.counts import from_spec_object
+from exporter.core.faults import Faults
 from exporter.proxy import accounting
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.connection import ClientConnection
@@ -57,26 +66,63 @@ _INJECTED = {  # what `_inject` splices into a stream request that set no stream
 }
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Where a request goes and what is watched: routing's result (or, when routing raised,
+    the request forwarded as it came, to the default route, unwatched)."""
+
+    route: str
+    target: str
+    body: bytes
+    strip: tuple[bool, bool] | None = None  # a streamed completion: what the tap removes
+    content_key: bytes = b""
+    single: bool | None = None  # a completion, accounted: one choice (n == 1)?
+
+
 class Proxy:
     """The `Server` behind every client connection: route, forward, account."""
 
-    def __init__(self, config: ProxyConfig, accounting: Accounting) -> None:
+    def __init__(self, config: ProxyConfig, accounting: Accounting, faults: Faults) -> None:
         self.config = config
         self.accounting = accounting
+        self.faults = faults
         self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
         self.upstream_errors: dict[str, int] = {"connection": 0, "timeout": 0, "broken": 0}
         self.refused = 0
+        self.shed: dict[str, int] = {"connections": 0, "in_flight": 0}  # 503s past a limit
+        self.cut_at_drain = 0  # requests still running when the drain's grace ran out
+        self.in_flight = 0  # requests sent upstream and not yet over
+        self.draining = False
         self.upstream = Upstream(config.upstream, config.connect_timeout, config.read_timeout)
         self._server: asyncio.Server | None = None
         self._clients: set[ClientConnection] = set()
+        self._drained = asyncio.Event()
 
     async def start(self) -> None:
         host, port = self.config.listen
         self._server = await asyncio.get_running_loop().create_server(
             self._client, host, port, backlog=1024
         )
+
+    async def drain(self, grace: float) -> None:
+        """Stop accepting; let the requests in flight complete for up to `grace` seconds
+        (their connections close after them, idle ones at once); then cut the rest."""
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        for client in list(self._clients):
+            client.drain()
+        if self._clients:
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), grace)
+        cut = [client for client in self._clients if client.busy]
+        self.cut_at_drain += len(cut)
+        if cut:
+            self.log.warning("drain grace over: requests cut", requests=len(cut), grace=grace)
+        await self.stop()
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -85,19 +131,53 @@ class Proxy:
             client.close()
         self.upstream.close()
 
+    @property
+    def client_connections(self) -> int:
+        return len(self._clients)
+
+    def reconfigure(self, config: ProxyConfig) -> None:
+        """A reloaded config: new requests take the new routes, limits and timeouts; requests
+        in flight finish as they began. A new upstream or its timeouts: a new pool, the old
+        one retired (its connections close as their requests end)."""
+        upstream = (config.upstream, config.connect_timeout, config.read_timeout)
+        if upstream != (
+            self.config.upstream,
+            self.config.connect_timeout,
+            self.config.read_timeout,
+        ):
+            self.upstream.retire()
+            self.upstream = Upstream(*upstream)
+        self.config = config
+        self.router = Router(config)
+
     def _client(self) -> ClientConnection:
-        client = ClientConnection(self, self.config.max_body_bytes, self._clients.discard)
+        config = self.config
+        client = ClientConnection(
+            self,
+            config.max_body_bytes,
+            self._closed,
+            header_timeout=config.header_timeout,
+            idle_timeout=config.idle_timeout,
+            over_limit=len(self._clients) >= config.max_connections,
+        )
         self._clients.add(client)
         return client
+
+    def _closed(self, client: ClientConnection) -> None:
+        self._clients.discard(client)
+        if not self._clients:
+            self._drained.set()
 
     def refuse(self, writer: ResponseWriter, status: int, message: str, kind: str) -> None:
         self.refused += 1
         _error(writer, status, message, kind)
 
-    def begin(self, writer: ResponseWriter, request: ClientRequest, body: bytes) -> _Call | None:
+    def begin(
+        self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
+    ) -> _Call | None:
         """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
-        method, target, path = request.method, request.target, request.path
+        method, target = request.method, request.target
         if method == "CONNECT" or not target.startswith("/"):
             # never an open proxy: these never reach routing
             self.refuse(
@@ -107,24 +187,52 @@ class Proxy:
                 "BadRequestError",
             )
             return None
+        if over_limit or self.in_flight >= self.config.max_in_flight:
+            self._shed(writer, "connections" if over_limit else "in_flight")
+            return None
+        try:
+            plan = self._plan(request, body)
+        except Exception as exc:  # forwarded as it came: a routing bug costs a figure
+            self.faults.record("routing", exc)
+            plan = _Plan(self.config.default_route, target, body)
+        headers = [(k, v) for k, v in request.fields if k.lower() not in HOP_BY_HOP]
+        call = _Call(self, writer, method)
+        self.in_flight += 1
+        call.exchange = self.upstream.send(method, plan.target, headers, plan.body, call)
+        # the rest can wait until the request is on its way: no response byte comes before
+        if plan.strip is not None:
+            call.tap = StreamTap(*plan.strip, content_key=plan.content_key, on_fault=call.tap_fault)
+        if plan.single is not None:  # accounted when it ends
+            call.account = (plan.route, started, plan.single)
+        return call
+
+    def _plan(self, request: ClientRequest, body: bytes) -> _Plan:
+        method, target, path = request.method, request.target, request.path
         parsed = _json_object(body) if method == "POST" else None
         match = self.router.match(path, request.headers, parsed)
         if match.path != path:
             target = target[len(path) - len(match.path) :]
             target = target if target.startswith("/") else "/" + target
-        completion = method == "POST" and match.path in COMPLETIONS and parsed is not None
+        if method != "POST" or match.path not in COMPLETIONS or parsed is None:
+            return _Plan(match.route, target, body)
         strip: tuple[bool, bool] | None = None
-        if completion and parsed is not None and parsed.get("stream") is True:
+        if parsed.get("stream") is True:
             body, strip = self._inject(parsed, body)
-        headers = [(k, v) for k, v in request.fields if k.lower() not in HOP_BY_HOP]
-        call = _Call(self, writer, method)
-        call.exchange = self.upstream.send(method, target, headers, body, call)
-        # the rest can wait until the request is on its way: no response byte comes before
-        if strip is not None:
-            call.tap = StreamTap(*strip, content_key=COMPLETIONS[match.path])
-        if completion and parsed is not None:  # accounted when it ends
-            call.account = (match.route, started, (parsed.get("n") or 1) == 1)
-        return call
+        single = (parsed.get("n") or 1) == 1
+        return _Plan(match.route, target, body, strip, COMPLETIONS[match.path], single)
+
+    def _shed(self, writer: ResponseWriter, limit: str) -> None:
+        """Past a limit: vLLM's 503 shape, a Retry-After, the connection closed after it."""
+        self.shed[limit] += 1
+        writer.close_after = True
+        what = "client connections" if limit == "connections" else "requests in flight"
+        _error(
+            writer,
+            503,
+            f"the proxy is at its limit of {what}",
+            "ServiceUnavailableError",
+            retry_after=1,
+        )
 
     def _inject(self, parsed: dict[str, Any], body: bytes) -> tuple[bytes, tuple[bool, bool]]:
         """Ask upstream for what accounting needs; say what the tap must remove on the way
@@ -200,6 +308,7 @@ class _Call:
         self.exchange: Exchange | None = None
         self.account: tuple[str, float, bool] | None = None  # route, start, single choice
         self._whole: list[bytes] | None = None  # a Content-Length body, collected
+        self._over = False  # ended, failed or gone: counted out of flight, accounted
         self._head: Head | None = None
         self._headers: list[tuple[str, str]] = []  # the head's end-to-end fields
 
@@ -226,7 +335,7 @@ class _Call:
     def end(self) -> None:
         head = self._head
         assert head is not None
-        doc: dict[str, Any] | None = None
+        body: bytes | None = None
         if self._whole is not None:
             body = b"".join(self._whole)
             headers = self._headers
@@ -236,13 +345,10 @@ class _Call:
             self.writer.respond(
                 head.status, head.reason, headers, body, head_only=self.method == "HEAD"
             )
-            if head.status == 200 and self.tap is None and self.account is not None:
-                doc = _json_object(body)
         else:
             rest = self.tap.flush() if self.tap is not None else b""
             self.writer.end_stream(rest)
-            doc = self.tap.usage if self.tap is not None else None
-        self._done(str(head.status), doc)
+        self._done(str(head.status), body)
 
     def fail(self, error: BaseException) -> None:
         proxy = self.proxy
@@ -274,10 +380,31 @@ class _Call:
             self.exchange.abort()  # the upstream connection is dropped: vLLM aborts
         self._done("499", None)
 
-    def _done(self, status: str, doc: dict[str, Any] | None) -> None:
-        if self.account is not None:
-            self.proxy._account(self.account, status, self.tap, doc or {})
-            self.account = None
+    def tap_fault(self, error: BaseException) -> None:
+        """The tap's observing raised: the stream goes on, unaccounted."""
+        self.proxy.faults.record("tap", error)
+        self.account = None
+
+    def _done(self, status: str, body: bytes | None) -> None:
+        """Once per call: it is no longer in flight, and it is accounted (beside the bytes,
+        which are all out by now)."""
+        if self._over:
+            return
+        self._over = True
+        proxy = self.proxy
+        proxy.in_flight -= 1
+        if self.account is None:
+            return
+        try:
+            doc: dict[str, Any] | None = None
+            if body is not None:
+                doc = _json_object(body) if status == "200" else None
+            elif self.tap is not None:
+                doc = self.tap.usage
+            proxy._account(self.account, status, self.tap, doc or {})
+        except Exception as exc:
+            proxy.faults.record("accounting", exc)
+        self.account = None
 
 
 def _with_key(body: bytes, parsed: dict[str, Any], key: str, value: Any) -> bytes:
@@ -309,9 +436,13 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _error(writer: ResponseWriter, status: int, message: str, kind: str) -> None:
+def _error(
+    writer: ResponseWriter, status: int, message: str, kind: str, retry_after: int | None = None
+) -> None:
     """OpenAI-shaped error, like vLLM's own."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     reason = HTTPStatus(status).phrase
     headers = [("Content-Type", "application/json"), date_header()]
+    if retry_after is not None:
+        headers.append(("Retry-After", str(retry_after)))
     writer.respond(status, reason, headers, json.dumps(body).encode())

@@ -61,6 +61,13 @@ class RequestReader:
             self._llhttp = Llhttp(self)
         self._llhttp.feed(data)
 
+    @property
+    def head_pending(self) -> bool:
+        """Bytes of a request head have come, the head is not whole yet."""
+        if self._llhttp is not None:
+            return self._llhttp.head_pending
+        return bool(self._raw) and not self._need
+
     def refuse(self, refusal: Refusal) -> None:
         """Nothing after a refusal is read: its answer closes the connection."""
         self._refused = True
@@ -109,6 +116,7 @@ class Llhttp:
         self._body = bytearray()
         self._request: ClientRequest | None = None
         self._head_bytes = 0  # fed since the current head began: httptools buffers a field whole
+        self.head_pending = False  # between a message's first byte and its complete head
 
     def feed(self, data: bytes) -> None:
         if self._request is None:
@@ -130,6 +138,7 @@ class Llhttp:
     # --- httptools' protocol -----------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.head_pending = True
         self._head_bytes = 0
         self._url.clear()
         self._fields = []
@@ -155,6 +164,7 @@ class Llhttp:
             raise _Invalid(_bad("too many headers received"))
 
     def on_headers_complete(self) -> None:
+        self.head_pending = False
         parser = self.parser
         version = (1, 1) if parser.get_http_version() == "1.1" else (1, 0)
         headers: dict[str, str] = {}

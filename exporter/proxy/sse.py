@@ -5,6 +5,10 @@ it is complete, parsing only what it must: a cheap byte test finds the first con
 and only the final usage event (`"choices":[]`) is decoded. When the proxy injected
 `include_usage` (or `continuous_usage_stats`) the client did not ask for, the tap removes what
 the injection added, so the client gets the bytes vLLM would have sent it.
+
+What is relayed (framing, stripping) and what is only observed (content times, the finish
+reason, the usage event, token increments) are kept apart: an exception while observing stops
+the observing for that stream, is reported to `on_fault`, and the bytes go on as before.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +35,8 @@ class StreamTap:
     usage: dict[str, Any] | None = None  # the final usage event, decoded
     finish_reason: str | None = None  # the first one the stream carried
     increments: list[int] = field(default_factory=list)  # tokens per content event
+    on_fault: Callable[[BaseException], None] | None = None  # an observation raised
+    observing: bool = True  # False once an observation raised: relaying goes on
     _pending: bytes = b""
     _held: list[bytes] = field(default_factory=list)
     _tokens_seen: int = 0
@@ -68,7 +75,7 @@ class StreamTap:
         at = events.find(key)
         while at != -1:
             if events[at + len(key)] != 0x22:  # '"': not an empty string
-                self._content()
+                self._observe(self._content)
                 break
             at = events.find(key, at + len(key))
         return True
@@ -78,27 +85,48 @@ class StreamTap:
         # finish reason, and a JSON string cannot hold the key pattern unescaped.
         at = event.find(self.content_key)
         if at != -1 and event[at + len(self.content_key)] != 0x22:  # '"': not an empty string
-            self._content()
+            self._observe(self._content)
         elif b'"choices":[]' in event and b'"usage"' in event:
-            self.usage = _decode(event)
+            usage = _decode(event)
+            self._observe(lambda: self._usage(usage))
             if not self.strip_usage_event:
                 return event
             # vLLM stamps the fingerprint on the terminal chunk when no usage chunk follows
-            fingerprint = (self.usage or {}).get("system_fingerprint")
+            fingerprint = (usage or {}).get("system_fingerprint")
             held, self._held = self._held, []
             return b"".join(_stamp(e, fingerprint) for e in held)
         start = max(at, 0)  # where the finish reason may begin
         if self.strip_usage_fields:
-            event, start = self._strip_usage_field(event), 0
+            match = _COMPLETION_TOKENS.search(event)
+            if match is not None:
+                self._observe(lambda: self._increment(int(match.group(1))))
+            event, start = _USAGE_FIELD.sub(b"", event, count=1), 0
         finish = event.find(_FINISH, start)
         if finish != -1:
             if self.finish_reason is None:
-                begin = finish + len(_FINISH)
-                self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")
+                self._observe(lambda: self._finish(event, finish + len(_FINISH)))
             if self.strip_usage_event:
                 self._held.append(event)  # until the usage event tells its fingerprint
                 return b""
         return event
+
+    # ------------------------------------------------------------ observations
+
+    def _observe(self, observation: Callable[[], None]) -> None:
+        if not self.observing:
+            return
+        try:
+            observation()
+        except Exception as exc:  # a bug here must not cost the client a byte
+            self.observing = False
+            if self.on_fault is not None:
+                self.on_fault(exc)
+
+    def _usage(self, usage: dict[str, Any] | None) -> None:
+        self.usage = usage
+
+    def _finish(self, event: bytes, begin: int) -> None:
+        self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")
 
     def _content(self) -> None:
         now = time.perf_counter()
@@ -106,15 +134,11 @@ class StreamTap:
             self.first_content_at = now
         self.last_content_at = now
 
-    def _strip_usage_field(self, event: bytes) -> bytes:
-        """Drop the injected per-event usage, remembering its token increment."""
-        match = _COMPLETION_TOKENS.search(event)
-        if match is not None:
-            tokens = int(match.group(1))
-            if tokens > self._tokens_seen:
-                self.increments.append(tokens - self._tokens_seen)
-                self._tokens_seen = tokens
-        return _USAGE_FIELD.sub(b"", event, count=1)
+    def _increment(self, tokens: int) -> None:
+        """The injected per-event usage's running token count -> this event's increment."""
+        if tokens > self._tokens_seen:
+            self.increments.append(tokens - self._tokens_seen)
+            self._tokens_seen = tokens
 
 
 def _stamp(event: bytes, fingerprint: Any) -> bytes:

@@ -59,6 +59,7 @@ class Upstream:
         self.read_timeout = read_timeout
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
+        self._retired = False  # replaced by a reload: no connection goes back to the pool
 
     def send(
         self,
@@ -87,6 +88,14 @@ class Upstream:
         exchange.connect()
         return exchange
 
+    def retire(self) -> None:
+        """Replaced (a reload changed the upstream): idle connections close now, busy ones
+        when their response ends."""
+        self._retired = True
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
     def close(self) -> None:
         for conn in (*self._idle, *self._busy):
             conn.close()
@@ -113,7 +122,7 @@ class Upstream:
 
     def _release(self, conn: _Connection, reusable: bool) -> None:
         self._busy.discard(conn)
-        if reusable and len(self._idle) < MAX_IDLE:
+        if reusable and not self._retired and len(self._idle) < MAX_IDLE:
             conn.idle_since = asyncio.get_running_loop().time()
             self._idle.append(conn)
         else:

@@ -45,6 +45,15 @@ class TargetState:
         self.errors: Counter[str] = Counter()
         self.bad_lines = 0
 
+    def retarget(self, target: Target) -> None:
+        """The same target (by name) reconfigured: its running totals go on."""
+        self.target = target
+        self.families = families(target.engine, target.prefix)
+
+    def rewindow(self, windows: tuple[Window, ...]) -> None:
+        """New rolling windows: they fill again from now; the counters are untouched."""
+        self.history = History(windows)
+
     @property
     def up(self) -> bool | None:
         return None if self.status is None else self.status != "down"

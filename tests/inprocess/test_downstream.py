@@ -9,10 +9,10 @@ import gzip
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
-from exporter.proxy import connection as downstream
 from exporter.proxy import reader as request_reader
 from exporter.proxy.request import quick
 from tests.rig import sidecar
@@ -32,8 +32,8 @@ async def echo(request: bytes, writer: asyncio.StreamWriter) -> bool:
 
 
 @asynccontextmanager
-async def proxy_port(respond: Respond = echo) -> AsyncIterator[int]:
-    async with scripted(respond) as (url, _), sidecar(url) as (_, proxy, _):
+async def proxy_port(respond: Respond = echo, **config: Any) -> AsyncIterator[int]:
+    async with scripted(respond) as (url, _), sidecar(url, **config) as (_, proxy, _):
         yield int(proxy.rsplit(":", 1)[1])
 
 
@@ -152,13 +152,32 @@ async def test_an_upgrade_is_answered_as_a_plain_request_then_the_connection_clo
     assert b"upgrade" not in body.lower() and b"frames" not in body
 
 
-async def test_an_idle_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(downstream, "KEEPALIVE", 0.2)
-    async with proxy_port() as port:
+async def test_an_idle_connection_is_closed() -> None:
+    async with proxy_port(idle_timeout=0.2) as port:
         reader, writer = await exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
         await response(reader)
-        writer.write(b"GET /b HTTP/1.1\r\n")  # a head that never completes counts as idle
         assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"GET /b HTTP/1.1\r\n", b"GET /b HTTP/1.1\r\nHost: x\r\nX-Slow: "],
+    ids=["nothing", "a request line", "a header half-way"],
+)
+async def test_a_head_that_does_not_complete_in_time_gets_408(sent: bytes) -> None:
+    """A slowloris holds no slot: bytes that keep dripping do not extend the head's time."""
+    async with proxy_port(header_timeout=0.5, idle_timeout=60) as port:
+        reader, writer = await exchange(port, sent)
+        started = asyncio.get_running_loop().time()
+        for _ in range(3):  # drip, well inside the idle timeout
+            await asyncio.sleep(0.2)
+            writer.write(b"a")
+        status, headers, body = await response(reader)
+        assert status.startswith(b"HTTP/1.1 408") and headers["connection"] == "close"
+        assert b"RequestTimeout" in body
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert asyncio.get_running_loop().time() - started < 5
         writer.close()
 
 

@@ -219,9 +219,13 @@ def backfill(tsdb: Path, tmp: Path, promtool: str) -> None:
 
 @contextmanager
 def live_stack(
-    tmp: Path, rule_files: list[Path] = SHIPPED_RULES, sidecar_job: str = "specdec"
+    tmp: Path,
+    rule_files: list[Path] = SHIPPED_RULES,
+    sidecar_job: str = "specdec",
+    speed: float = SPEED,
 ) -> Iterator[Live]:
-    """Demo bundle + Prometheus on free ports; both process groups stopped on exit."""
+    """Demo bundle + Prometheus on free ports; both process groups stopped on exit. `speed`:
+    the simulated engine's, against real time."""
     prometheus = need_tool("prometheus")
     promtool = need_tool("promtool")
     sim_port, sidecar_port, proxy_port, prom_port = (free_port() for _ in range(4))
@@ -238,7 +242,7 @@ def live_stack(
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
         args = [sys.executable, "-c", DEMO, str(sim_port), str(sidecar_port), str(proxy_port)]
-        demo = stack.enter_context(child([*args, str(SPEED)], tmp / "demo.log"))
+        demo = stack.enter_context(child([*args, str(speed)], tmp / "demo.log"))
         server = stack.enter_context(
             child(
                 [

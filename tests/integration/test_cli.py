@@ -81,6 +81,10 @@ def test_long_running_verbs_stop_on_every_stop_signal(tmp_path: Path, verb: str,
     with child(specdec(*args), tmp_path / "log") as proc:
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics"), 30, f"{verb} up")
         proc.send_signal(sig)
+        if verb == "serve" and sig == signal.SIGHUP:  # serve reloads on SIGHUP (nginx's way)
+            wait_for(lambda: "config reloaded" in (tmp_path / "log").read_text(), 15, "reload")
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait(15)
     log = (tmp_path / "log").read_text()
     assert code == 0, log[-2000:]

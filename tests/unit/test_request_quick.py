@@ -64,6 +64,8 @@ def test_what_quick_accepts_llhttp_reads_the_same_way(raw: bytes) -> None:
         return
     assert isinstance(got, tuple)
     request, start, length = got
+    if len(raw) < start + length:
+        raw += b"x" * (start + length - len(raw))  # the body the reader would wait for
     parsed = llhttp(raw[: start + length])
     assert parsed is not None and len(parsed) == 1, "quick accepted what llhttp refuses"
     message, body = parsed[0]

@@ -1,0 +1,25 @@
+"""A collector whose exception costs its own families for one scrape, never the whole page:
+Prometheus keeps the rest of the sidecar's series, and the error is counted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from exporter.core.faults import Faults
+
+
+class Guarded(Collector):
+    def __init__(self, inner: Collector, faults: Faults) -> None:
+        self.inner = inner
+        self.faults = faults
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            families = list(self.inner.collect())  # whole, or not at all
+        except Exception as exc:
+            self.faults.record("collector", exc)
+            return iter(())
+        return iter(families)
