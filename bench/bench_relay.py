@@ -146,7 +146,7 @@ def proxied(reads: list[bytes], tokens: int) -> Setup:
     pool, loop = proxy.upstream, asyncio.get_running_loop()
     conn = upstream._Connection(pool)
     conn.connection_made(Transport())  # type: ignore[arg-type]
-    client, out = proxy._client(), Transport()
+    client, out = proxy.accept(), Transport()
     client.connection_made(out)  # type: ignore[arg-type]
     raw = request(tokens)
 

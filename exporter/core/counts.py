@@ -51,20 +51,28 @@ class Counts:
         )
 
 
+class BadSpecObject(ValueError):
+    """A per-request object that is not what vLLM sends (wrong types, impossible counts)."""
+
+
 def from_spec_object(obj: Mapping[str, Any]) -> Counts:
-    """Counts of one vLLM per-request `metrics.speculative_decoding` object.
+    """Counts of one vLLM per-request `metrics.speculative_decoding` object; BadSpecObject
+    for anything else, so a garbled object is left out rather than counted.
 
     `acceptance_histogram[j]` is the number of steps that accepted exactly j drafts, so the
     steps that accepted more than i drafts (per position i) are the histogram's tail sums.
     """
-    histogram = [int(n) for n in obj["acceptance_histogram"]]
+    fields = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
+    raw_histogram = obj.get("acceptance_histogram")
+    given = [obj.get(name) for name in fields]
+    given += raw_histogram if isinstance(raw_histogram, list) else [None]
+    if not all(type(n) is int and n >= 0 for n in given):  # bool is not a count either
+        raise BadSpecObject(f"not a speculative_decoding object: {dict(obj)!r:.200}")
+    steps, tokens, accepted, *histogram = (int(n) for n in given)  # type: ignore[arg-type]
+    if accepted > tokens or sum(histogram) != steps:
+        raise BadSpecObject(f"impossible counts: {dict(obj)!r:.200}")
     per_position = tuple(float(sum(histogram[i + 1 :])) for i in range(len(histogram) - 1))
-    return Counts(
-        float(obj["num_spec_steps"]),
-        float(obj["num_draft_tokens"]),
-        float(obj["num_accepted_draft_tokens"]),
-        per_position,
-    )
+    return Counts(float(steps), float(tokens), float(accepted), per_position)
 
 
 def _combine(a: float | None, b: float | None, sign: int) -> float | None:

@@ -69,6 +69,7 @@ class ClientConnection(asyncio.Protocol):
         self._call: Call | None = None
         self._busy = False  # a request is being answered (its call may not exist yet)
         self._running = False
+        self._draining = False  # every response says Connection: close, then it closes
         self._continued = False  # 100 Continue sent for the request being read
         self._last = self._loop.time()
         self._head_since: float | None = None  # the first byte of a head not yet whole
@@ -85,9 +86,12 @@ class ClientConnection(asyncio.Protocol):
             self._transport.abort()
 
     def drain(self) -> None:
-        """The server stops: close now when idle, else after the response under way."""
-        self.writer.close_after = True
-        if not self._busy and self._transport is not None:
+        """The server stops: close now when idle, else after the response under way. A
+        connection accepted while draining (it was in the listen backlog) is answered once."""
+        self._draining = True
+        if self._busy:
+            self.writer.close_after = True
+        elif self._transport is not None:
             self._transport.close()
 
     # ------------------------------------------------------------ asyncio's side
@@ -161,7 +165,9 @@ class ClientConnection(asyncio.Protocol):
         self._busy = True
         writer = self.writer
         writer.version = request.version
-        writer.close_after |= request.should_close or request.upgrade or request.version == HTTP_10
+        writer.close_after |= (
+            self._draining or request.should_close or request.upgrade or request.version == HTTP_10
+        )
         self._last = self._loop.time()
         call = self.server.begin(writer, request, body, self.over_limit)
         if self._busy:

@@ -26,7 +26,7 @@ from typing import Any
 
 from exporter import logs
 from exporter.config import ProxyConfig
-from exporter.core.counts import from_spec_object
+from exporter.core.counts import BadSpecObject, Counts, from_spec_object
 from exporter.core.faults import Faults
 from exporter.proxy import accounting
 from exporter.proxy.accounting import Accounting
@@ -103,7 +103,7 @@ class Proxy:
     async def start(self) -> None:
         host, port = self.config.listen
         self._server = await asyncio.get_running_loop().create_server(
-            self._client, host, port, backlog=1024
+            self.accept, host, port, backlog=1024
         )
 
     async def drain(self, grace: float) -> None:
@@ -150,7 +150,9 @@ class Proxy:
         self.config = config
         self.router = Router(config)
 
-    def _client(self) -> ClientConnection:
+    def accept(self) -> ClientConnection:
+        """The protocol of one accepted connection (one accepted while draining is answered
+        once, then closed)."""
         config = self.config
         client = ClientConnection(
             self,
@@ -161,6 +163,8 @@ class Proxy:
             over_limit=len(self._clients) >= config.max_connections,
         )
         self._clients.add(client)
+        if self.draining:
+            client.drain()
         return client
 
     def _closed(self, client: ClientConnection) -> None:
@@ -288,7 +292,7 @@ class Proxy:
                 completion_tokens=int(usage.get("completion_tokens") or 0),
                 ttft=ttft,
                 decode_seconds=decode,
-                exact=from_spec_object(spec) if isinstance(spec, dict) else None,
+                exact=_exact(spec),
                 increments=tuple(tap.increments) if tap is not None else (),
                 finish_reason=accounting.finish_label(finish),
             )
@@ -419,6 +423,16 @@ def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
     (`parsed`) and so ending in "}": re-encoding a long agent prompt would cost more than the
     rest of the hop."""
     return body.rstrip()[:-1] + (b"," if parsed else b"") + member
+
+
+def _exact(spec: object) -> Counts | None:
+    """The request's own counts; none for a missing or garbled object (left to estimates)."""
+    if not isinstance(spec, dict):
+        return None
+    try:
+        return from_spec_object(spec)
+    except BadSpecObject:
+        return None
 
 
 def _first_finish(doc: dict[str, Any]) -> object:

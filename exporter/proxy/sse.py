@@ -67,6 +67,7 @@ class StreamTap:
         their content times are taken. Several events arrive in one read under load."""
         if (
             self.strip_usage_fields
+            or self._held
             or events.find(_FINISH) != -1
             or events.find(b'"choices":[]') != -1
         ):
@@ -106,8 +107,11 @@ class StreamTap:
             if self.finish_reason is None:
                 self._observe(lambda: self._finish(event, finish + len(_FINISH)))
             if self.strip_usage_event:
-                self._held.append(event)  # until the usage event tells its fingerprint
+                self._held.append(event)  # until the next event: the usage event, stamping it?
                 return b""
+        if self._held:  # the finish was not followed by a usage event: on, unstamped, in order
+            held, self._held = self._held, []
+            return b"".join(held) + event
         return event
 
     # ------------------------------------------------------------ observations

@@ -126,7 +126,10 @@ def test_a_stop_signal_ends_the_demo_and_its_prometheus(tmp_path: Path, sig: int
             temp_dir = Path(tsdb.split("=", 1)[1]).parent
             assert temp_dir.is_dir()
             proc.send_signal(sig)
-            code = proc.wait(30)
+            try:
+                code = proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running 30 s after the signal:\n{out.read_text()[-3000:]}")
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -116,3 +116,13 @@ def test_a_truncated_stream_passes_through_as_it_came() -> None:
     tap = StreamTap(strip_usage_event=True)
     cut = CHAT[3][:-5]
     assert tap.feed(CHAT[3]) + tap.feed(cut) + tap.flush() == CHAT[3] + cut
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0), max_size=12))
+def test_a_held_finish_event_keeps_its_place_when_no_usage_event_follows(cuts: list[int]) -> None:
+    """The finish event waits for the usage event's fingerprint; an upstream that sends none
+    (a gateway, an older server) still gets the finish event out before [DONE]. Found by the
+    upstream fuzzer: the finish event came after [DONE]."""
+    stream = b"".join([*CHAT, DONE])
+    assert feed(StreamTap(strip_usage_event=True), stream, cuts) == stream
