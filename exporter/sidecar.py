@@ -33,7 +33,8 @@ from exporter.scrape.target import Clock, Scraper, TargetState
 
 LANDING = """<!doctype html><html><head><title>specdec</title></head><body>
 <h1>specdec {version}</h1><p>Live speculative-decoding payoff for vLLM.</p>
-<ul><li><a href="metrics">/metrics</a></li><li><a href="-/healthy">/-/healthy</a></li></ul>
+<ul><li><a href="metrics">/metrics</a></li><li><a href="-/healthy">/-/healthy</a></li>
+<li><a href="-/ready">/-/ready</a></li></ul>
 <h2>Targets</h2><ul>{targets}</ul>{proxy}</body></html>"""
 TICK_SECONDS = 1.0
 

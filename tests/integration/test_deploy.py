@@ -154,6 +154,7 @@ def test_kustomize_renders_every_resource(rendered: list[dict[str, Any]]) -> Non
         "Namespace": 1,
         "Deployment": 1,
         "Service": 1,
+        "PodDisruptionBudget": 1,
         "ConfigMap": 1 + dashboards,
         "PodMonitor": 1,
         "PrometheusRule": 1,
@@ -382,8 +383,8 @@ def test_containers_have_resources_and_probes(rendered: list[dict[str, Any]]) ->
         assert "memory" in resources["limits"], name
         assert c["readinessProbe"] and c["livenessProbe"], name
     sidecar = containers(rendered)["specdec"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["httpGet"] == {"path": "/-/healthy", "port": "metrics"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": "metrics"}
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "metrics"}
     assert containers(rendered)["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
@@ -419,6 +420,30 @@ def test_k8s_sidecar_config(rendered: list[dict[str, Any]], tmp_path: Path) -> N
     mount = {m["name"]: m for m in sidecar["volumeMounts"]}["specdec-config"]
     assert mount["mountPath"] + "/specdec.yaml" == dockerfile_cmd_config()
     assert mount["readOnly"] is True
+
+
+def test_a_rollout_lets_the_proxy_drain(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """The pod's timings fit the sidecar's drain: the Service drops the pod (sidecar preStop),
+    the proxy drains up to proxy.drain_timeout while vLLM still serves (its preStop is longer),
+    and the grace period covers both; a PodDisruptionBudget spaces evictions."""
+    path = tmp_path / "specdec.yaml"
+    path.write_text((K8S_DIR / "specdec.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    config = load(path)
+    assert config.proxy is not None
+    drain = config.proxy.drain_timeout
+    pod = one(rendered, "Deployment")["spec"]["template"]["spec"]
+
+    def pre_stop(name: str) -> float:
+        command = containers(rendered)[name]["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[0] == "sleep", command
+        return float(command[1])
+
+    sidecar_done = pre_stop("specdec") + drain
+    assert pre_stop("vllm") >= sidecar_done + 5, "vLLM stops before the proxy's drain ends"
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop("vllm") + 30
+    budget = one(rendered, "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"] == one(rendered, "Deployment")["spec"]["selector"]
 
 
 def test_dashboard_configmaps(rendered: list[dict[str, Any]]) -> None:
