@@ -134,6 +134,22 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
         ),
         _alert(
             mix,
+            "SpecDecodeExactCountsLost",
+            "(sum by (route, model_name) (rate(specdec_route_requests_without_spec_metrics_total"
+            '{reason!="n_above_1"}[10m])) > 0\n'
+            " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_spec_requests_total[10m])) > 0)\n"
+            "and on (route, model_name) sum by (route, model_name) (increase(specdec_route_spec_requests_total[1d])) > 0\n"
+            f"and on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0",
+            waits.exact_counts_lost,
+            "warning",
+            "Route {{ $labels.route }} lost its exact per-request counts",
+            "{{ $value | humanize }} requests/s of {{ $labels.route }} ({{ $labels.model_name }}) end without "
+            "vLLM's per-request speculative-decoding object while the engine drafts; earlier today they had "
+            "it. The route's figures are estimates now: something upstream strips the object, or vLLM "
+            "restarted without --per-request-spec-decode-metrics.",
+        ),
+        _alert(
+            mix,
             "SpecDecodeCountersMissing",
             'rate(specdec_scrape_errors_total{reason="no_spec_metrics"}[5m]) > 0',
             waits.counters_missing,

@@ -105,6 +105,7 @@ class Durations:
 
     below_breakeven: str = setting(_duration, "15m")
     silently_off: str = setting(_duration, "10m")
+    exact_counts_lost: str = setting(_duration, "10m")
     counters_missing: str = setting(_duration, "10m")
     target_down: str = setting(_duration, "2m")
     exporter_down: str = setting(_duration, "2m")

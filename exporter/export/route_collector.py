@@ -53,6 +53,16 @@ class RouteCollector(Collector):
         for request_labels, n in sorted(acc.requests.items()):
             requests.add_metric(list(request_labels), float(n))
         yield requests
+        without = CounterMetricFamily(
+            "specdec_route_requests_without_spec_metrics",
+            "Completed (200) requests with no exact per-request counts, left to estimates, by "
+            "reason: n_above_1 (vLLM sends none for n > 1), not_sent (the engine's per-request "
+            "flag is off, or something upstream strips the object), unknown_shape.",
+            labels=[*ROUTE, "reason"],
+        )
+        for reason_labels, n in sorted(acc.without_exact.items()):
+            without.add_metric(list(reason_labels), float(n))
+        yield without
         spec = [*ROUTE, "source"]
         drafts = CounterMetricFamily(
             "specdec_route_drafts",

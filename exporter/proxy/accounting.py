@@ -34,6 +34,10 @@ ACCEPTANCE_BUCKETS = (
 )  # fmt: skip
 RUNAWAY_ACCEPTANCE = 0.95  # with finish_reason "length": the signature of a repetition loop
 FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "abort"))  # the rest: "other"
+# why a 200 completion has no exact counts (the values of the `reason` label)
+N_ABOVE_1 = "n_above_1"  # vLLM sends no per-request object for n > 1 (or best_of)
+NOT_SENT = "not_sent"  # no object: the engine flag is off, or something upstream strips it
+UNKNOWN_SHAPE = "unknown_shape"  # an object the proxy cannot read: left out, not guessed at
 
 
 @dataclass(slots=True)
@@ -71,6 +75,7 @@ class RequestOutcome:
     ttft: float | None = None
     decode_seconds: float | None = None
     exact: Counts | None = None
+    without_exact: str | None = None  # why not, for a 200 (N_ABOVE_1, NOT_SENT, UNKNOWN_SHAPE)
     increments: tuple[int, ...] = ()  # tokens per content event, when known
 
 
@@ -104,6 +109,7 @@ class Accounting:
         self.exact: dict[RouteKey, Counts] = {}
         self.estimated: dict[RouteKey, Counts] = {}
         self.requests: Counter[tuple[str, str, str, str]] = Counter()  # + status, finish
+        self.without_exact: Counter[tuple[str, str, str]] = Counter()  # + reason
         self.moments: dict[RouteKey, RequestMoments] = {}
         self.acceptance: dict[RouteKey, Buckets] = {}  # per-request acceptance
         self.below_breakeven: Counter[RouteKey] = Counter()
@@ -149,6 +155,8 @@ class Accounting:
             )
             rate = req.completion_tokens / req.decode_seconds
             self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(rate)
+        if req.without_exact is not None:
+            self.without_exact[(req.route, req.model_name, req.without_exact)] += 1
         if req.exact is not None:
             self.exact[key] = self.exact.get(key, Counts()) + req.exact
             model = req.model_name

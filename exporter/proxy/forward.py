@@ -275,6 +275,7 @@ class Proxy:
             self.objects_missing = True
         elif spec is not None:
             self.objects_missing = False
+        exact, without = _exact(spec, single) if status == "200" else (None, None)
         ttft = decode = None
         if tap is not None and tap.first_content_at is not None:
             ttft = tap.first_content_at - started
@@ -292,7 +293,8 @@ class Proxy:
                 completion_tokens=int(usage.get("completion_tokens") or 0),
                 ttft=ttft,
                 decode_seconds=decode,
-                exact=_exact(spec),
+                exact=exact,
+                without_exact=without,
                 increments=tuple(tap.increments) if tap is not None else (),
                 finish_reason=accounting.finish_label(finish),
             )
@@ -425,14 +427,18 @@ def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
     return body.rstrip()[:-1] + (b"," if parsed else b"") + member
 
 
-def _exact(spec: object) -> Counts | None:
-    """The request's own counts; none for a missing or garbled object (left to estimates)."""
+def _exact(spec: object, single: bool) -> tuple[Counts | None, str | None]:
+    """A 200's own counts, or why there are none (then it is left to estimates)."""
+    if not single:
+        return None, accounting.N_ABOVE_1
+    if spec is None:
+        return None, accounting.NOT_SENT
     if not isinstance(spec, dict):
-        return None
+        return None, accounting.UNKNOWN_SHAPE
     try:
-        return from_spec_object(spec)
+        return from_spec_object(spec), None
     except BadSpecObject:
-        return None
+        return None, accounting.UNKNOWN_SHAPE
 
 
 def _first_finish(doc: dict[str, Any]) -> object:

@@ -33,6 +33,7 @@ ALERTS = (
     "SpecDecodeAcceptanceCollapsed",
     "SpecDecodeBelowBreakEven",
     "SpecDecodeSilentlyOff",
+    "SpecDecodeExactCountsLost",
     "SpecDecodeCountersMissing",
     "SpecDecodeTargetDown",
     "SpecDecodeExporterDown",

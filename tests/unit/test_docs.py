@@ -15,7 +15,19 @@ from exporter.config.schema import Config, ModelConfig, ProxyConfig, Route, Targ
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+WORDS = {
+    2: "two",
+    3: "three",
+    4: "four",
+    5: "five",
+    6: "six",
+    7: "seven",
+    8: "eight",
+    9: "nine",
+    10: "ten",
+    11: "eleven",
+    12: "twelve",
+}
 
 
 def exported_families() -> set[str]:
