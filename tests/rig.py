@@ -29,8 +29,9 @@ async def simulator(
     seed: int = 1,
     clock: Callable[[], float] | None = None,
     engines: int = 1,
+    adaptive: bool = False,
 ) -> AsyncIterator[tuple[SimEngine, str]]:
-    engine = SimEngine("sim-27b", engines=engines, speed=speed, seed=seed)
+    engine = SimEngine("sim-27b", engines=engines, speed=speed, seed=seed, adaptive=adaptive)
     app = build_app(engine, per_request, clock=clock) if clock else build_app(engine, per_request)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()

@@ -57,6 +57,12 @@ def register(verbs: Verbs) -> None:
         help="divide every simulated delay by X (tests use 50-1000; default 1 = "
         "real-time dense-27B single-stream: 72 tok/s plain)",
     )
+    p.add_argument(
+        "--adaptive-draft-length",
+        action="store_true",
+        help="each verify step drafts 1..K tokens (vLLM's adaptive draft length): draft tokens "
+        "are no longer K x steps",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument(
         "--profile",
@@ -101,7 +107,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"specdec sim: {exc}", file=sys.stderr)
         return EXIT_USAGE
     engine = SimEngine(
-        args.model, args.num_speculative_tokens, args.engines, args.speed, args.seed, profiles
+        args.model,
+        args.num_speculative_tokens,
+        args.engines,
+        args.speed,
+        args.seed,
+        profiles,
+        adaptive=args.adaptive_draft_length,
     )
     app = build_app(engine, args.per_request_spec_decode_metrics)
 

@@ -102,8 +102,10 @@ class SimEngine:
         speed: float = 1.0,
         seed: int = 0,
         profiles: dict[str, Profile] | None = None,
+        adaptive: bool = False,
     ) -> None:
         self.model, self.k, self.engines, self.speed = model, k, engines, speed
+        self.adaptive = adaptive  # each step drafts 1..k tokens, as vLLM's adaptive draft length
         self.profiles = dict(profiles or DEFAULT_PROFILES)
         self.spec = k > 0
         self.metrics = EngineMetrics(model, engines, k, self.spec)
@@ -197,20 +199,19 @@ class SimEngine:
         """One decode step: count its drafts everywhere; return the tokens it produced."""
         if not self.spec:
             return 1
-        accepted = draw(rng, chain)
+        k = rng.randint(1, self.k) if self.adaptive else self.k
+        accepted = min(draw(rng, chain), k)  # a draft that was not proposed is not accepted
         assert self.metrics.spec_counters is not None
         drafts, proposed, accepted_tokens, per_pos = self.metrics.spec_counters
         drafts.labels(*labels).inc()
-        proposed.labels(*labels).inc(self.k)
+        proposed.labels(*labels).inc(k)
         accepted_tokens.labels(*labels).inc(accepted)
         for pos in range(accepted):
             per_pos.labels(*labels, str(pos)).inc()
         stats.histogram[accepted] += 1
-        stats.draft_tokens += self.k
+        stats.draft_tokens += k
         stats.per_step_accepted.append(accepted)
-        stats.per_step_drafted.append(self.k)
-        step = Counts(
-            1, self.k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.k))
-        )
+        stats.per_step_drafted.append(k)
+        step = Counts(1, k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.k)))
         self.truth[profile] = self.truth.get(profile, Counts()) + step
         return accepted + 1

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.core.counts import Counts, total
+from exporter.core.counts import Counts, ratios, total
 from exporter.scrape.families import families, read_page
 from exporter.sidecar import Sidecar
 from tests.helpers import eventually, need_tool, samples
@@ -111,6 +111,27 @@ async def test_exact_routes_sum_to_engine_and_match_truth() -> None:
         )
         assert 0.30 < voice < 0.42 and 0.65 < agent < 0.77
         await promtool_clean(metrics)
+
+
+async def test_a_varying_draft_length_keeps_every_figure_exact() -> None:
+    """vLLM's adaptive draft length: each step drafts 1..k tokens, so draft tokens are not
+    k x steps. The per-request objects still sum to the engine's counters and the truth, and
+    tokens per step and per-position acceptance come out as the engine's own."""
+    async with (
+        simulator("summary", adaptive=True) as (_, upstream),
+        sidecar(upstream) as (_, proxy, metrics),
+    ):
+        await mixed_traffic(proxy, n=120)
+        routes = await route_counts(metrics, "exact")
+        engine = await engine_totals(upstream)
+        real = await truth(upstream)
+    assert engine.drafts is not None and engine.draft_tokens < 3 * engine.drafts * 0.8
+    assert routes["voice_chat"] + routes["coding_agent"] == engine
+    assert routes["voice_chat"] == real["ja_chat"] and routes["coding_agent"] == real["code_agent"]
+    for route, profile in (("voice_chat", "ja_chat"), ("coding_agent", "code_agent")):
+        got, want = ratios(routes[route]), ratios(real[profile])
+        assert got.mean_acceptance_length == want.mean_acceptance_length
+        assert got.per_position == want.per_position and got.acceptance == want.acceptance
 
 
 async def promtool_clean(metrics_url: str) -> None:
