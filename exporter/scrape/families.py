@@ -4,6 +4,10 @@ vLLM V1 (and its re-labelled copies under KServe or Ray), the llama.cpp server a
 TensorRT-LLM count the same things under different names. A `EngineFamilies` maps them to
 the four roles the sidecar derives from: drafts (verify steps), draft tokens, accepted tokens
 and accepted tokens per draft position.
+
+TensorRT-LLM counts no verify steps, but its per-position counters (`token_position`, 0-based;
+a position's series appears once it was first drafted) hold them: every step drafts position
+0, so its drafted tokens there are the steps. Pages without them give tokens only.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Role(StrEnum):
     DRAFT_TOKENS = "draft_tokens"
     ACCEPTED = "accepted"
     PER_POSITION = "per_position"
+    DRAFTED_PER_POSITION = "drafted_per_position"  # TensorRT-LLM: position 0 = the steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +37,7 @@ class EngineFamilies:
     kind: str
     lead: str
     roles: dict[str, Role]
-
-    @property
-    def has_drafts(self) -> bool:
-        """TensorRT-LLM counts no verify steps, so it has no tokens per step or positions."""
-        return Role.DRAFTS in self.roles.values()
+    position_label: str = "position"
 
     def classify(self, name: str) -> tuple[Role, bool] | None:
         """(role, is_created_gauge) for a sample name, or None when it is not ours."""
@@ -51,15 +52,22 @@ def families(kind: str, prefix: str | None = None) -> EngineFamilies:
     """The families of engine `kind` under `prefix` (the kind's own prefix when None)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")
-    lead = (DEFAULT_PREFIX[kind] if prefix is None else prefix) + "spec_decode_num_"
+    base = (DEFAULT_PREFIX[kind] if prefix is None else prefix) + "spec_decode_"
+    if kind == "trtllm":
+        names = {
+            "num_draft_tokens": Role.DRAFT_TOKENS,
+            "num_accepted_tokens": Role.ACCEPTED,
+            "drafted_tokens": Role.DRAFTED_PER_POSITION,
+            "accepted_tokens": Role.PER_POSITION,
+        }
+        return EngineFamilies(kind, base, {base + n: r for n, r in names.items()}, "token_position")
+    lead = base + "num_"
     names = {
         "drafts": Role.DRAFTS,
         "draft_tokens": Role.DRAFT_TOKENS,
         "accepted_tokens": Role.ACCEPTED,
         "accepted_tokens_per_pos": Role.PER_POSITION,
     }
-    if kind == "trtllm":
-        names = {k: v for k, v in names.items() if k in ("draft_tokens", "accepted_tokens")}
     return EngineFamilies(kind, lead, {lead + suffix: role for suffix, role in names.items()})
 
 
@@ -92,6 +100,7 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
     bad = found.bad_lines
     values: dict[SeriesKey, dict[str, float]] = {}
     positions: dict[SeriesKey, dict[int, float]] = {}
+    drafted: dict[SeriesKey, dict[int, float]] = {}  # TensorRT-LLM's drafted tokens per position
     created: dict[SeriesKey, list[tuple[str, float]]] = {}
     broken: set[SeriesKey] = set()  # a bad sample leaves its series incomplete
     for sample in found.samples:
@@ -105,9 +114,10 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
             if len(values) >= MAX_SERIES:
                 bad += 1
                 continue
-            values[key], positions[key], created[key] = {}, {}, []
-        position = _position(labels.get("position")) if role is Role.PER_POSITION else None
-        if role is Role.PER_POSITION and position is None:
+            values[key], positions[key], drafted[key], created[key] = {}, {}, {}, []
+        per_position = role in (Role.PER_POSITION, Role.DRAFTED_PER_POSITION)
+        position = _position(labels.get(fams.position_label)) if per_position else None
+        if per_position and position is None:
             bad += 1
             broken.add(key)
         elif is_created:
@@ -116,28 +126,58 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
             bad += 1  # a counter is finite and non-negative; NaN fails the >= test too
             broken.add(key)
         elif position is not None:
-            positions[key][position] = sample.value
+            (drafted if role is Role.DRAFTED_PER_POSITION else positions)[key][position] = (
+                sample.value
+            )
         else:
             values[key][role] = sample.value
     series = {}
-    required = [
-        r for r in (Role.DRAFTS, Role.DRAFT_TOKENS, Role.ACCEPTED) if r in fams.roles.values()
-    ]
     for key, vals in values.items():
-        per_pos = positions[key]
         if key in broken:  # counted above; the rest would pass a bad last position off as k-1
             continue
-        if any(r not in vals for r in required) or (per_pos and max(per_pos) + 1 != len(per_pos)):
+        counts = (
+            _trtllm(vals, positions[key], drafted[key])
+            if fams.kind == "trtllm"
+            else _counts(vals, positions[key])
+        )
+        if counts is None:
             bad += 1  # an incomplete series (truncated page) would look like a restart: skip it
             continue
-        counts = Counts(
-            vals[Role.DRAFTS] if fams.has_drafts else None,
-            vals[Role.DRAFT_TOKENS],
-            vals[Role.ACCEPTED],
-            tuple(per_pos[i] for i in range(len(per_pos))),
-        )
         series[key] = RawSeries(counts, tuple(sorted(created[key])))
     return Page(series, bad)
+
+
+def _counts(vals: dict[str, float], per_pos: dict[int, float]) -> Counts | None:
+    """vLLM's and llama.cpp's four families, all present, positions 0..k-1 without a gap."""
+    if any(r not in vals for r in (Role.DRAFTS, Role.DRAFT_TOKENS, Role.ACCEPTED)):
+        return None
+    if per_pos and max(per_pos) + 1 != len(per_pos):
+        return None
+    k = len(per_pos)
+    return Counts(
+        vals[Role.DRAFTS], vals[Role.DRAFT_TOKENS], vals[Role.ACCEPTED], _dense(per_pos, k)
+    )
+
+
+def _trtllm(
+    vals: dict[str, float], accepted: dict[int, float], drafted: dict[int, float]
+) -> Counts | None:
+    """TensorRT-LLM: the token counters, or their per-position sums where only those exist;
+    the steps are position 0's drafted tokens. Positions are those drafted so far; one never
+    accepted has no series yet (0)."""
+    if drafted and (max(drafted) + 1 != len(drafted) or max(accepted, default=0) >= len(drafted)):
+        return None
+    tokens = vals.get(Role.DRAFT_TOKENS, sum(drafted.values()) if drafted else None)
+    taken = vals.get(Role.ACCEPTED, sum(accepted.values()) if drafted else None)
+    if tokens is None or taken is None:
+        return None
+    if not drafted:
+        return Counts(None, tokens, taken, ())
+    return Counts(drafted[0], tokens, taken, _dense(accepted, len(drafted)))
+
+
+def _dense(per_pos: dict[int, float], k: int) -> tuple[float, ...]:
+    return tuple(per_pos.get(i, 0.0) for i in range(k))
 
 
 def _position(text: str | None) -> int | None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.counts import Counts
+from exporter.core.counts import Counts, ratios
 from exporter.scrape.families import MAX_POSITIONS, MAX_SERIES, Role, families, read_page
 
 from .pages import (
@@ -114,7 +114,7 @@ def test_default_prefix_ignores_relabelled_copies_on_the_same_page():
 def test_llamacpp_uses_the_same_four_names():
     fams = families("llamacpp")
     assert fams.lead == "llamacpp:spec_decode_num_"
-    assert fams.has_drafts
+    assert Role.DRAFTS in fams.roles.values()
     text = one_engine().replace("vllm:spec_decode", "llamacpp:spec_decode")
     page = read_page(text, fams)
     assert page.series[(MODEL, "0")].counts == Counts(
@@ -138,16 +138,56 @@ trtllm_spec_decode_num_accepted_tokens_per_pos_total{model_name="llama",engine="
 """
 
 
-def test_trtllm_has_two_counters_and_no_drafts():
+def test_trtllm_without_per_position_counters_has_tokens_only():
     fams = families("trtllm")
-    assert not fams.has_drafts
-    assert set(fams.roles.values()) == {Role.DRAFT_TOKENS, Role.ACCEPTED}
+    assert fams.lead == "trtllm_spec_decode_" and fams.position_label == "token_position"
     page = read_page(TRTLLM_PAGE, fams)
     assert page.bad_lines == 0
     assert page.series == {
         ("llama", "0"): page.series[("llama", "0")],
     }
     assert page.series[("llama", "0")].counts == Counts(None, 3000.0, 1800.0, ())
+
+
+# as TensorRT-LLM's MetricsCollector writes them (tensorrt_llm/metrics/collector.py): a
+# position's series appears once drafted (accepted: once accepted), labels model_name and
+# engine_type from the server
+TRTLLM_POSITIONS = """\
+# HELP trtllm_spec_decode_drafted_tokens_total Total drafted tokens per speculative decoding position.
+# TYPE trtllm_spec_decode_drafted_tokens_total counter
+trtllm_spec_decode_drafted_tokens_total{engine_type="trtllm",model_name="llama",token_position="0"} 1000.0
+trtllm_spec_decode_drafted_tokens_total{engine_type="trtllm",model_name="llama",token_position="1"} 1000.0
+trtllm_spec_decode_drafted_tokens_total{engine_type="trtllm",model_name="llama",token_position="2"} 1000.0
+# HELP trtllm_spec_decode_accepted_tokens_total Total accepted tokens per speculative decoding position.
+# TYPE trtllm_spec_decode_accepted_tokens_total counter
+trtllm_spec_decode_accepted_tokens_total{engine_type="trtllm",model_name="llama",token_position="0"} 800.0
+trtllm_spec_decode_accepted_tokens_total{engine_type="trtllm",model_name="llama",token_position="1"} 600.0
+# HELP trtllm_spec_decode_acceptance_length Mean acceptance length.
+# TYPE trtllm_spec_decode_acceptance_length gauge
+trtllm_spec_decode_acceptance_length{engine_type="trtllm",model_name="llama"} 2.4
+"""  # noqa: E501
+
+
+def test_trtllm_per_position_counters_give_steps_and_positions():
+    """Position 0's drafted tokens are the verify steps; a position never accepted counts 0;
+    the token totals are the per-position sums when the num_* counters are absent."""
+    page = read_page(TRTLLM_POSITIONS, families("trtllm"))
+    assert page.bad_lines == 0
+    counts = page.series[("llama", "")].counts
+    assert counts == Counts(1000.0, 3000.0, 1400.0, (800.0, 600.0, 0.0))
+    r = ratios(counts)
+    assert r.mean_acceptance_length == 2.4  # = its own acceptance-length gauge
+    assert r.per_position == (0.8, 0.6, 0.0)
+    with_totals = TRTLLM_POSITIONS + TRTLLM_PAGE.replace('engine="0"', 'engine_type="trtllm"')
+    assert read_page(with_totals, families("trtllm")).series[("llama", "")].counts == Counts(
+        1000.0, 3000.0, 1800.0, (800.0, 600.0, 0.0)
+    )  # the num_* counters, where present, are the totals
+
+
+def test_trtllm_positions_with_a_gap_are_refused():
+    gap = TRTLLM_POSITIONS.replace('token_position="1"} 1000.0', 'token_position="5"} 1000.0')
+    page = read_page(gap, families("trtllm"))
+    assert page.series == {} and page.bad_lines == 1
 
 
 def test_unknown_engine_kind():
@@ -308,4 +348,5 @@ def test_read_page_never_raises(text, kind):
     for raw in page.series.values():
         c = raw.counts
         assert all(0 <= v < float("inf") for v in (c.draft_tokens, c.accepted, *c.per_position))
-        assert (c.drafts is None) == (kind == "trtllm")
+        if kind != "trtllm":
+            assert c.drafts is not None
