@@ -2,7 +2,7 @@
 PY ?= python3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 
-.PHONY: install test test-all lint bench dashboards rules check previews
+.PHONY: install test test-all lint bench soak fuzz dashboards rules check previews
 install:
 	$(PY) -m pip install -e '.[test]'
 
@@ -31,3 +31,9 @@ bench:
 	$(PY) bench/bench_parse.py
 	$(PY) bench/bench_sidecar_cpu.py --seconds 60
 	$(PY) bench/bench_relay.py
+
+soak:  # mixed traffic through `specdec serve` with an engine restart half-way (MINUTES=10)
+	$(PY) bench/soak.py --minutes $(or $(MINUTES),10) --check
+
+fuzz:  # both ways at a running proxy (CASES=2000 each way, ~2 min)
+	$(PY) -m tests.fuzz --cases $(or $(CASES),2000)
