@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.config import ModelConfig
-from exporter.core.counts import Counts
+from exporter.core.counts import Counts, total
 from exporter.core.payoff import Decode
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
@@ -202,13 +202,18 @@ class Accounting:
         `engine_by_model` is the engine's cumulative work per model_name since the proxy
         started. Each route's cumulative share of that unexplained work follows its cumulative
         estimated weight (steps for drafts, draft tokens and positions; accepted tokens for
-        accepted); a route only ever receives more, so its counters never go down.
+        accepted); a route only ever receives more, so its counters never go down. An engine
+        whose counters carry no model_name (llama.cpp: one model per server) is every model's.
         """
         for model, engine in engine_by_model.items():
             if engine.drafts is None or engine.drafts <= 0:
                 continue
+
+            def served(key: RouteKey, model: str = model) -> bool:
+                return model == "" or key[1] == model
+
             engine_tokens_per_step = 1 + engine.accepted / engine.drafts
-            for key in [k for k in self._tokens_only if k[1] == model]:
+            for key in [k for k in self._tokens_only if served(k)]:
                 # no increments (not streamed): the route's own streamed tokens per step, or
                 # the engine's average when the route streamed nothing yet
                 tokens = self._tokens_only.pop(key)
@@ -217,10 +222,15 @@ class Accounting:
                 per_step = (seen and seen.tokens_per_step) or engine_tokens_per_step
                 weight.steps += tokens / per_step
                 weight.accepted += tokens - tokens / per_step
-            weights = {k: w for k, w in self._weights.items() if k[1] == model}
+            weights = {k: w for k, w in self._weights.items() if served(k)}
             if not weights:
                 continue
-            unexplained = _vector(engine - self._exact_by_model.get(model, Counts()))
+            explained = (
+                total(list(self._exact_by_model.values()))
+                if model == ""
+                else self._exact_by_model.get(model, Counts())
+            )
+            unexplained = _vector(engine - explained)
             given = {k: _vector(self.estimated.get(k, Counts()), len(unexplained)) for k in weights}
             steps = sum(w.steps for w in weights.values())
             accepted = sum(w.accepted for w in weights.values())

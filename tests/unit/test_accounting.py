@@ -83,6 +83,18 @@ def test_a_route_without_streamed_increments_takes_its_own_or_the_engines_tokens
     assert vector(b + other) == pytest.approx(vector(engine))
 
 
+def test_an_engine_without_model_names_is_every_models() -> None:
+    """llama.cpp's counters carry no model_name (one model per server): its work goes to the
+    routes whatever model name their responses gave, less what exact requests explain."""
+    acc = accounting(k=3)
+    exact = Counts(2, 6, 3, (2, 1, 0))
+    acc.record(RequestOutcome("a", "tiny", "200", 10, exact=exact))
+    acc.record(estimated("b", (1, 4, 4), model="tiny"))
+    engine = exact + Counts(2, 6, 6, (2, 2, 2))
+    acc.apportion({"": engine})
+    assert vector(acc.estimated[("b", "tiny")]) == pytest.approx((2, 6, 6, 2, 2, 2))
+
+
 def test_apportion_keeps_models_apart_and_needs_estimates() -> None:
     acc = accounting()
     acc.record(estimated("b", (1, 2, 2), model="m2"))
