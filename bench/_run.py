@@ -1,5 +1,5 @@
 """How every benchmark script runs: signals unwind through its cleanup, errors exit 1; its
-child processes die with it."""
+child processes die with it; the sidecar config the proxy benchmarks share."""
 
 from __future__ import annotations
 
@@ -41,3 +41,26 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# `specdec serve` in front of a simulator: voice_chat by header, coding_agent by path prefix
+SIDECAR_CONF = """\
+listen: 127.0.0.1:{metrics}
+targets:
+  - name: sim
+    url: http://127.0.0.1:{upstream}/metrics
+proxy:
+  listen: 127.0.0.1:{port}
+  upstream: http://127.0.0.1:{upstream}
+  target: sim
+  routes:
+    - name: voice_chat
+      when: {{header: {{X-Route: voice}}}}
+    - name: coding_agent
+      when: {{path_prefix: /agent}}
+  default_route: other
+models:
+  - name: {model}
+    num_speculative_tokens: 3
+    step_cost_ratio: 1.78
+"""

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _run import die_with_parent, free_port, guarded
+from _run import SIDECAR_CONF, die_with_parent, free_port, guarded
 from _stream_client import Pool, Sample
 
 from exporter.process import loop_factory
@@ -106,27 +106,6 @@ http {{
         }}
     }}
 }}
-"""
-
-SIDECAR_CONF = """\
-listen: 127.0.0.1:{metrics}
-targets:
-  - name: sim
-    url: http://127.0.0.1:{upstream}/metrics
-proxy:
-  listen: 127.0.0.1:{port}
-  upstream: http://127.0.0.1:{upstream}
-  target: sim
-  routes:
-    - name: voice_chat
-      when: {{header: {{X-Route: voice}}}}
-    - name: coding_agent
-      when: {{path_prefix: /agent}}
-  default_route: other
-models:
-  - name: {model}
-    num_speculative_tokens: 3
-    step_cost_ratio: 1.78
 """
 
 

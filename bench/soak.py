@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _run import die_with_parent, free_port, guarded
+from _run import SIDECAR_CONF, die_with_parent, free_port, guarded
 
 from exporter.core.durations import parse_duration
 
@@ -56,29 +56,6 @@ READY_DEADLINE = 30.0
 MAX_IN_FLIGHT = 256  # the load generator's own cap: beyond it a tick is skipped, and counted
 MIX = (("voice", 0.45), ("agent", 0.20), ("whole", 0.15), ("junk", 0.12), ("hang-up", 0.08))
 WARM_UP_REPORTS = 1  # the label sets appear in the first report; flat from the next on
-
-CONFIG = """\
-listen: 127.0.0.1:{metrics}
-windows: [{windows}]
-targets:
-  - name: sim
-    url: http://127.0.0.1:{sim}/metrics
-    interval: 1s
-proxy:
-  listen: 127.0.0.1:{proxy}
-  upstream: http://127.0.0.1:{sim}
-  target: sim
-  routes:
-    - name: voice_chat
-      when: {{header: {{X-Route: voice}}}}
-    - name: coding_agent
-      when: {{path_prefix: /agent}}
-  default_route: other
-models:
-  - name: {model}
-    num_speculative_tokens: 3
-    step_cost_ratio: 1.78
-"""
 
 
 @dataclass
@@ -257,12 +234,11 @@ async def _page(
 async def soak(args: argparse.Namespace, tmp: Path) -> list[Report]:
     sim_port, metrics_port, proxy_port = free_port(), free_port(), free_port()
     config = tmp / "specdec.yaml"
+    windows = f"windows: [{', '.join(args.windows)}]\n"
     config.write_text(
-        CONFIG.format(
-            metrics=metrics_port, sim=sim_port, proxy=proxy_port, model=MODEL,
-            windows=", ".join(args.windows),
-        )
-    )  # fmt: skip
+        windows
+        + SIDECAR_CONF.format(metrics=metrics_port, upstream=sim_port, port=proxy_port, model=MODEL)
+    )
     engine = Engine(sim_port, args.speed, tmp)
     sidecar = _spawn(
         [sys.executable, "-m", "exporter", "serve", "--config", str(config)],

@@ -68,6 +68,7 @@ class Sidecar:
             accounting = Accounting(config.proxy.route_names, config.windows, self.models)
             self.proxy = Proxy(config.proxy, accounting, self.faults)
             self.fronted = self._fronted_target(config)
+            self.proxy.inject_usage = _injects_usage(self.fronted)
             self._routes = RouteCollector(self.proxy, self.models, self.fronted, clock)
             self._register(self._routes)
             self._register(RequestCollector(accounting, clock))
@@ -155,6 +156,7 @@ class Sidecar:
             accounting.routes = new.proxy.route_names
             self.proxy.reconfigure(new.proxy)
             self.fronted = self._routes.target = self._fronted_target(new)
+            self.proxy.inject_usage = _injects_usage(self.fronted)
         self.config = new
 
     def _register(self, collector: Collector) -> None:
@@ -288,3 +290,9 @@ def _reload(sidecar: Sidecar, load: Callable[[], Config], log: BoundLogger) -> N
 def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     """`specdec serve`: until SIGINT or SIGTERM (drained, exit 0); SIGHUP reloads."""
     run_until_stopped(lambda: run(config, reload))
+
+
+def _injects_usage(fronted: TargetState | None) -> bool:
+    """llama.cpp moves its `timings` from the finish chunk to the usage chunk when a stream asks
+    for usage: stripping that chunk would change what the client gets, so never ask it."""
+    return fronted is None or fronted.target.engine != "llamacpp"

@@ -89,6 +89,7 @@ class Proxy:
         self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
+        self.inject_usage = True  # False: streams are relayed as asked (see sidecar)
         self.upstream_errors: dict[str, int] = {"connection": 0, "timeout": 0, "broken": 0}
         self.refused = 0
         self.shed: dict[str, int] = {"connections": 0, "in_flight": 0}  # 503s past a limit
@@ -221,7 +222,9 @@ class Proxy:
             return _Plan(match.route, target, body)
         strip: tuple[bool, bool] | None = None
         if parsed.get("stream") is True:
-            body, strip = self._inject(parsed, body)
+            body, strip = (
+                self._inject(parsed, body) if self.inject_usage else (body, (False, False))
+            )
         single = (parsed.get("n") or 1) == 1
         return _Plan(match.route, target, body, strip, COMPLETIONS[match.path], single)
 

@@ -1,0 +1,236 @@
+"""Against a real llama.cpp `llama-server` (tests/real_llamacpp): built from the sources of PyPI's
+llama-cpp-python sdist, a tiny random-weight GGUF as target and draft model, synthetic
+per-position acceptance, `--metrics`.
+
+The sidecar's restart-safe counters equal the server's own counter deltas; through the proxy,
+the routes' counters (estimated: llama.cpp sends no per-request object vLLM's way) sum to them,
+every completion is counted as `not_sent`, and the per-request `timings.draft_n` /
+`draft_n_accepted` the server returns add up to its counters (what an exact llama.cpp path
+would read); a restart of the server keeps the sidecar's counters monotonic. The first run
+builds the server (~11 min on 2 cores) into ~/.cache/specdec-llamacpp; locally a failed build
+skips, in CI it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import aiohttp
+import pytest
+
+from exporter.config import Config, ProxyConfig, Target
+from exporter.sidecar import Sidecar
+from tests.helpers import eventually, free_port, samples
+from tests.real_llamacpp.server import LlamaServer, ensure_model, ensure_server
+from tests.rig import ROUTES
+
+pytestmark = [pytest.mark.real_llamacpp, pytest.mark.timeout(1800)]
+
+CACHE = Path(
+    os.environ.get("SPECDEC_LLAMACPP_CACHE") or Path.home() / ".cache" / "specdec-llamacpp"
+)
+# a draft model (the same tiny GGUF) and llama.cpp's synthetic acceptance: a real server whose
+# per-position acceptance is chosen (0.8, 0.5, 0.3 unconditional), so the counts are not trivial
+SPEC_ARGS = ("--spec-type", "draft-simple", "--spec-draft-n-max", "3")
+SPEC_ARGS += ("--spec-synth-rates", "0.8,0.5,0.3")
+COUNTERS = {  # the server's family -> the sidecar's
+    "llamacpp:spec_decode_num_drafts_total": "specdec_drafts_total",
+    "llamacpp:spec_decode_num_draft_tokens_total": "specdec_draft_tokens_total",
+    "llamacpp:spec_decode_num_accepted_tokens_total": "specdec_accepted_tokens_total",
+}
+PROMPT = "the cat sat on the mat"
+
+
+def unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LlamaServer]:
+    try:
+        binary, gguf_py = ensure_server(CACHE)
+        model = ensure_model(gguf_py, CACHE)
+    except Exception as exc:
+        unavailable(f"cannot build llama-server or the model in {CACHE}: {exc}")
+    log = Path(tempfile.mkdtemp(prefix="specdec-llamacpp-")) / "server.log"
+    srv = LlamaServer(binary, model, free_port(), ("-md", str(model), *SPEC_ARGS), log)
+    try:
+        srv.start()
+    except Exception as exc:
+        unavailable(f"llama-server did not start: {exc}")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+async def server_counters(srv: LlamaServer) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(srv.metrics_url) as resp:
+        page = samples(await resp.text())
+    return {name: v for (name, _), v in page.items() if name in COUNTERS}
+
+
+async def sidecar_page(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return samples(await resp.text())
+
+
+def summed(
+    page: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return sum(v for (n, ls), v in page.items() if n == name and set(labels.items()) <= set(ls))
+
+
+@asynccontextmanager
+async def sidecar(srv: LlamaServer) -> AsyncIterator[tuple[str, str]]:
+    proxy_port, metrics_port = free_port(), free_port()
+    config = Config(
+        listen=("127.0.0.1", metrics_port),
+        targets=(Target("llamacpp", srv.metrics_url, engine="llamacpp", interval=0.2),),
+        proxy=ProxyConfig(srv.base_url, ("127.0.0.1", proxy_port), "llamacpp", ROUTES),
+    )
+    side = Sidecar(config)
+    await side.start()
+    try:
+        yield f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    finally:
+        await side.stop()
+
+
+async def traffic(proxy: str, n: int) -> list[dict[str, Any]]:
+    """n completions through the proxy, both routes, streamed or not; each one's timings."""
+
+    async def one(session: aiohttp.ClientSession, i: int) -> dict[str, Any]:
+        voice = i % 2 == 0
+        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
+        stream = i % 3 != 0
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 48,
+            "temperature": 0,
+            "stream": stream,
+        }
+        headers = {"X-Route": "voice"} if voice else {}
+        async with session.post(url, json=body, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            raw = await resp.read()
+        if not stream:
+            return dict(json.loads(raw)["timings"])
+        events = [
+            json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")
+        ]
+        return next(dict(e["timings"]) for e in reversed(events) if "timings" in e)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        gate = asyncio.Semaphore(4)
+
+        async def gated(i: int) -> dict[str, Any]:
+            async with gate:
+                return await one(session, i)
+
+        return await asyncio.gather(*(gated(i) for i in range(n)))
+
+
+async def test_counters_and_routes_match_the_server_and_its_timings(server: LlamaServer) -> None:
+    async with sidecar(server) as (proxy, metrics):
+        await eventually(lambda: sidecar_page(metrics), 10.0)
+        before = await server_counters(server)
+        assert set(before) == set(COUNTERS), before
+        timings = await traffic(proxy, 12)
+        after = await server_counters(server)
+        delta = {name: after[name] - before[name] for name in COUNTERS}
+        assert delta["llamacpp:spec_decode_num_drafts_total"] > 0, "no drafts: speculation off?"
+
+        async def settled() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            page = await sidecar_page(metrics)
+            routes = summed(page, "specdec_route_draft_tokens_total")
+            engine = summed(page, "specdec_draft_tokens_total")
+            return (
+                page
+                if engine == after["llamacpp:spec_decode_num_draft_tokens_total"]
+                and (routes == delta["llamacpp:spec_decode_num_draft_tokens_total"])
+                else None
+            )
+
+        page = await eventually(settled, 15.0)
+    for theirs, ours in COUNTERS.items():
+        assert summed(page, ours) == after[theirs], ours  # the sidecar started before the traffic
+    for role in ("drafts", "draft_tokens", "accepted_tokens"):
+        routes = summed(page, f"specdec_route_{role}_total", source="estimated")
+        assert routes == pytest.approx(delta[f"llamacpp:spec_decode_num_{role}_total"]), role
+    assert summed(page, "specdec_route_drafts_total", source="exact") == 0
+    not_sent = summed(page, "specdec_route_requests_without_spec_metrics_total", reason="not_sent")
+    assert not_sent == 12
+    assert (
+        sum(t["draft_n"] for t in timings) == delta["llamacpp:spec_decode_num_draft_tokens_total"]
+    )
+    assert (
+        sum(t["draft_n_accepted"] for t in timings)
+        == delta["llamacpp:spec_decode_num_accepted_tokens_total"]
+    )
+
+
+async def test_a_stream_through_the_proxy_keeps_its_timings(server: LlamaServer) -> None:
+    """llama.cpp puts `timings` on the finish chunk, but on the usage chunk when the stream asks
+    for usage: the proxy must not ask (stripping that chunk would take them from the client).
+    The same events, in the same order and with the same keys, as a direct stream."""
+
+    async def shapes(url: str) -> list[list[str]]:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}]}
+        body |= {"max_tokens": 16, "temperature": 0, "stream": True}
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+            raw = (await resp.read()).decode()
+        return [
+            sorted(json.loads(line[6:])) if line != "data: [DONE]" else ["[DONE]"]
+            for line in raw.splitlines()
+            if line.startswith("data: ")
+        ]
+
+    async with sidecar(server) as (proxy, _):
+        direct = await shapes(server.base_url + "/v1/chat/completions")
+        proxied = await shapes(proxy + "/v1/chat/completions")
+    assert proxied == direct
+    assert "timings" in proxied[-2] and "usage" not in proxied[-2]
+
+
+async def test_a_restart_of_the_server_keeps_the_sidecars_counters_monotonic(
+    server: LlamaServer,
+) -> None:
+    async with sidecar(server) as (proxy, metrics):
+        await traffic(proxy, 4)
+        first = await server_counters(server)
+
+        async def caught_up(
+            want: dict[str, float],
+        ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            page = await sidecar_page(metrics)
+            ok = all(summed(page, ours) >= want[theirs] for theirs, ours in COUNTERS.items())
+            return page if ok else None
+
+        await eventually(lambda: caught_up(first), 15.0)
+        await asyncio.to_thread(server.restart)
+        await traffic(proxy, 4)
+        second = await server_counters(server)
+        want = {name: first[name] + second[name] for name in COUNTERS}
+
+        async def summed_up() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            page = await sidecar_page(metrics)
+            ok = all(summed(page, ours) == want[theirs] for theirs, ours in COUNTERS.items())
+            return page if ok else None
+
+        page = await eventually(summed_up, 15.0)
+    assert summed(page, "specdec_engine_restarts_total") == 1
+    assert (
+        second["llamacpp:spec_decode_num_draft_tokens_total"]
+        < want["llamacpp:spec_decode_num_draft_tokens_total"]
+    )
