@@ -75,6 +75,7 @@ class RequestOutcome:
     ttft: float | None = None
     decode_seconds: float | None = None
     exact: Counts | None = None
+    drafted: tuple[int, int] | None = None  # llama.cpp's timings: (draft_n, draft_n_accepted)
     without_exact: str | None = None  # why not, for a 200 (N_ABOVE_1, NOT_SENT, UNKNOWN_SHAPE)
     increments: tuple[int, ...] = ()  # tokens per content event, when known
 
@@ -124,6 +125,7 @@ class Accounting:
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
+        self._drafted: dict[RouteKey, _Weight] = {}  # llama.cpp timings: (draft, accepted) tokens
         self._exact_by_model: dict[str, Counts] = {}
 
     def rewindow(self, windows: Sequence[Window]) -> None:
@@ -162,6 +164,10 @@ class Accounting:
             model = req.model_name
             self._exact_by_model[model] = self._exact_by_model.get(model, Counts()) + req.exact
             self._request_view(key, req.exact, req.finish_reason)
+        elif req.drafted is not None:
+            drafted = self._drafted.setdefault(key, _Weight())
+            drafted.steps += req.drafted[0]  # draft tokens, made steps when apportioned
+            drafted.accepted += req.drafted[1]
         elif req.increments:
             config = self.model_configs.get(req.model_name)
             k = None if config is None else config.num_speculative_tokens
@@ -213,6 +219,14 @@ class Accounting:
                 return model == "" or key[1] == model
 
             engine_tokens_per_step = 1 + engine.accepted / engine.drafts
+            for key in [k for k in self._drafted if served(k)]:
+                # llama.cpp's own draft and accepted tokens: weights in the engine's draft
+                # tokens per step, so the routes' draft and accepted tokens come out exact
+                drafted = self._drafted.pop(key)
+                weight = self._weights.setdefault(key, _Weight())
+                per_step = engine.draft_tokens / engine.drafts or 1.0
+                weight.steps += drafted.steps / per_step
+                weight.accepted += drafted.accepted
             for key in [k for k in self._tokens_only if served(k)]:
                 # no increments (not streamed): the route's own streamed tokens per step, or
                 # the engine's average when the route streamed nothing yet

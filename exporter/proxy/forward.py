@@ -279,6 +279,8 @@ class Proxy:
         elif spec is not None:
             self.objects_missing = False
         exact, without = _exact(spec, single) if status == "200" else (None, None)
+        timings = tap.timings if tap is not None else doc.get("timings")
+        drafted = _drafted(timings) if exact is None else None
         ttft = decode = None
         if tap is not None and tap.first_content_at is not None:
             ttft = tap.first_content_at - started
@@ -293,10 +295,15 @@ class Proxy:
                     doc.get("model") if status == "200" else None
                 ),
                 status=status,
-                completion_tokens=int(usage.get("completion_tokens") or 0),
+                completion_tokens=int(
+                    usage.get("completion_tokens")
+                    or (timings.get("predicted_n") if isinstance(timings, dict) else 0)
+                    or 0
+                ),
                 ttft=ttft,
                 decode_seconds=decode,
                 exact=exact,
+                drafted=drafted,
                 without_exact=without,
                 increments=tuple(tap.increments) if tap is not None else (),
                 finish_reason=accounting.finish_label(finish),
@@ -428,6 +435,17 @@ def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
     (`parsed`) and so ending in "}": re-encoding a long agent prompt would cost more than the
     rest of the hop."""
     return body.rstrip()[:-1] + (b"," if parsed else b"") + member
+
+
+def _drafted(timings: object) -> tuple[int, int] | None:
+    """llama.cpp's per-request draft and accepted tokens, when its timings carry them."""
+    if not isinstance(timings, dict) or "predicted_n" not in timings:
+        return None
+    # a request that drafted nothing has no draft_n: it did no verify step
+    tokens, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+    if type(tokens) is int and type(accepted) is int and 0 <= accepted <= tokens:
+        return tokens, accepted
+    return None
 
 
 def _exact(spec: object, single: bool) -> tuple[Counts | None, str | None]:

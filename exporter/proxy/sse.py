@@ -33,6 +33,7 @@ class StreamTap:
     first_content_at: float | None = None
     last_content_at: float | None = None
     usage: dict[str, Any] | None = None  # the final usage event, decoded
+    timings: dict[str, Any] | None = None  # llama.cpp's, from the finish event
     finish_reason: str | None = None  # the first one the stream carried
     increments: list[int] = field(default_factory=list)  # tokens per content event
     on_fault: Callable[[BaseException], None] | None = None  # an observation raised
@@ -131,6 +132,9 @@ class StreamTap:
 
     def _finish(self, event: bytes, begin: int) -> None:
         self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")
+        if b'"timings":{' in event:  # llama.cpp: the request's draft counts ride on it
+            timings = (_decode(event) or {}).get("timings")
+            self.timings = timings if isinstance(timings, dict) else None
 
     def _content(self) -> None:
         now = time.perf_counter()

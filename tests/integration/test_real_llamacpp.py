@@ -4,11 +4,11 @@ per-position acceptance, `--metrics`.
 
 The sidecar's restart-safe counters equal the server's own counter deltas; through the proxy,
 the routes' counters (estimated: llama.cpp sends no per-request object vLLM's way) sum to them,
-every completion is counted as `not_sent`, and the per-request `timings.draft_n` /
-`draft_n_accepted` the server returns add up to its counters (what an exact llama.cpp path
-would read); a restart of the server keeps the sidecar's counters monotonic. The first run
-builds the server (~11 min on 2 cores) into ~/.cache/specdec-llamacpp; locally a failed build
-skips, in CI it fails.
+every completion is counted as `not_sent`, the per-request `timings.draft_n` /
+`draft_n_accepted` the server returns add up to its counters, and each route's draft and
+accepted tokens are its own requests' (the proxy weighs the estimate with them); a restart of
+the server keeps the sidecar's counters monotonic. The first run builds the server (6-11 min on
+2 cores) into ~/.cache/specdec-llamacpp; locally a failed build skips, in CI it fails.
 """
 
 from __future__ import annotations
@@ -178,6 +178,12 @@ async def test_counters_and_routes_match_the_server_and_its_timings(server: Llam
         sum(t["draft_n_accepted"] for t in timings)
         == delta["llamacpp:spec_decode_num_accepted_tokens_total"]
     )
+    # each route's draft and accepted tokens are its requests' own (timings), not a guess
+    for route, parity in (("voice_chat", 0), ("coding_agent", 1)):
+        mine = [t for i, t in enumerate(timings) if i % 2 == parity]
+        for family, key in (("draft_tokens", "draft_n"), ("accepted_tokens", "draft_n_accepted")):
+            got = summed(page, f"specdec_route_{family}_total", route=route)
+            assert got == pytest.approx(sum(t.get(key, 0) for t in mine)), (route, family)
 
 
 async def test_a_stream_through_the_proxy_keeps_its_timings(server: LlamaServer) -> None:

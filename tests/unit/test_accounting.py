@@ -95,6 +95,22 @@ def test_an_engine_without_model_names_is_every_models() -> None:
     assert vector(acc.estimated[("b", "tiny")]) == pytest.approx((2, 6, 6, 2, 2, 2))
 
 
+def test_llama_cpp_timings_make_the_routes_tokens_exact() -> None:
+    """Requests that carry their own draft and accepted tokens (llama.cpp's timings) weigh the
+    apportioning with them: each route's draft and accepted tokens are its own, while steps
+    and positions follow at the engine's draft tokens per step."""
+    acc = accounting(k=3)
+    acc.record(RequestOutcome("a", "tiny", "200", 10, drafted=(9, 6)))
+    acc.record(RequestOutcome("b", "tiny", "200", 10, drafted=(3, 0)))
+    acc.record(RequestOutcome("b", "tiny", "200", 10, drafted=(6, 2)))
+    engine = Counts(6, 18, 8, (5, 2, 1))  # 3 draft tokens per step
+    acc.apportion({"": engine})
+    a, b = acc.estimated[("a", "tiny")], acc.estimated[("b", "tiny")]
+    assert (a.draft_tokens, a.accepted) == pytest.approx((9, 6))
+    assert (b.draft_tokens, b.accepted) == pytest.approx((9, 2))
+    assert (a.drafts, b.drafts) == pytest.approx((3, 3))
+
+
 def test_apportion_keeps_models_apart_and_needs_estimates() -> None:
     acc = accounting()
     acc.record(estimated("b", (1, 2, 2), model="m2"))

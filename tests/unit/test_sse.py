@@ -126,3 +126,11 @@ def test_a_held_finish_event_keeps_its_place_when_no_usage_event_follows(cuts: l
     upstream fuzzer: the finish event came after [DONE]."""
     stream = b"".join([*CHAT, DONE])
     assert feed(StreamTap(strip_usage_event=True), stream, cuts) == stream
+
+
+def test_llama_cpp_timings_are_read_from_the_finish_event_and_passed_on() -> None:
+    timings = {"predicted_n": 4, "draft_n": 6, "draft_n_accepted": 3}
+    stream = b"".join([*CHAT[:-1], chat({}, finish="stop", timings=timings), DONE])
+    tap = StreamTap()
+    assert feed(tap, stream, [7, 300]) == stream
+    assert tap.timings == timings and tap.finish_reason == "stop"
