@@ -26,12 +26,11 @@ from typing import Any
 
 from exporter import logs
 from exporter.config import ProxyConfig
-from exporter.core.counts import BadSpecObject, Counts, from_spec_object
 from exporter.core.faults import Faults
-from exporter.proxy import accounting
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.connection import ClientConnection
 from exporter.proxy.framing import Head
+from exporter.proxy.outcome import request_outcome, spec_object
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.routes import Router
 from exporter.proxy.sse import StreamTap
@@ -270,44 +269,13 @@ class Proxy:
         doc: dict[str, Any],
     ) -> None:
         route, started, single = account
-        usage = doc.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
-        metrics = doc.get("metrics")
-        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        spec = spec_object(doc)
         if status == "200" and doc and spec is None and single:  # vLLM never sends one for n > 1
             self.objects_missing = True
         elif spec is not None:
             self.objects_missing = False
-        exact, without = _exact(spec, single) if status == "200" else (None, None)
-        timings = tap.timings if tap is not None else doc.get("timings")
-        drafted = _drafted(timings) if exact is None else None
-        ttft = decode = None
-        if tap is not None and tap.first_content_at is not None:
-            ttft = tap.first_content_at - started
-            decode = (tap.last_content_at or tap.first_content_at) - tap.first_content_at
-        finish: object = "abort" if status == "499" else None
-        if status == "200":
-            finish = tap.finish_reason if tap is not None else _first_finish(doc)
         self.accounting.record(
-            accounting.RequestOutcome(
-                route=route,
-                model_name=self.accounting.label_model(
-                    doc.get("model") if status == "200" else None
-                ),
-                status=status,
-                completion_tokens=int(
-                    usage.get("completion_tokens")
-                    or (timings.get("predicted_n") if isinstance(timings, dict) else 0)
-                    or 0
-                ),
-                ttft=ttft,
-                decode_seconds=decode,
-                exact=exact,
-                drafted=drafted,
-                without_exact=without,
-                increments=tuple(tap.increments) if tap is not None else (),
-                finish_reason=accounting.finish_label(finish),
-            )
+            request_outcome(self.accounting, route, started, single, status, tap, doc)
         )
 
 
@@ -435,38 +403,6 @@ def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
     (`parsed`) and so ending in "}": re-encoding a long agent prompt would cost more than the
     rest of the hop."""
     return body.rstrip()[:-1] + (b"," if parsed else b"") + member
-
-
-def _drafted(timings: object) -> tuple[int, int] | None:
-    """llama.cpp's per-request draft and accepted tokens, when its timings carry them."""
-    if not isinstance(timings, dict) or "predicted_n" not in timings:
-        return None
-    # a request that drafted nothing has no draft_n: it did no verify step
-    tokens, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
-    if type(tokens) is int and type(accepted) is int and 0 <= accepted <= tokens:
-        return tokens, accepted
-    return None
-
-
-def _exact(spec: object, single: bool) -> tuple[Counts | None, str | None]:
-    """A 200's own counts, or why there are none (then it is left to estimates)."""
-    if not single:
-        return None, accounting.N_ABOVE_1
-    if spec is None:
-        return None, accounting.NOT_SENT
-    if not isinstance(spec, dict):
-        return None, accounting.UNKNOWN_SHAPE
-    try:
-        return from_spec_object(spec), None
-    except BadSpecObject:
-        return None, accounting.UNKNOWN_SHAPE
-
-
-def _first_finish(doc: dict[str, Any]) -> object:
-    """The finish_reason of a whole response's first choice."""
-    choices = doc.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
-    return first.get("finish_reason") if isinstance(first, dict) else None
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -1,0 +1,86 @@
+"""What a finished completion tells accounting: the engine's own per-request counts (vLLM's
+object) or why there are none, llama.cpp's per-request draft counts, tokens, times and how it
+ended. Read from the decoded response (or the stream's usage event) and the SSE tap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.core.counts import BadSpecObject, Counts, from_spec_object
+from exporter.proxy import accounting
+from exporter.proxy.accounting import Accounting, RequestOutcome
+from exporter.proxy.sse import StreamTap
+
+
+def spec_object(doc: dict[str, Any]) -> object:
+    """vLLM's `metrics.speculative_decoding`, or None."""
+    metrics = doc.get("metrics")
+    return metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+
+
+def request_outcome(
+    acc: Accounting,
+    route: str,
+    started: float,
+    single: bool,
+    status: str,
+    tap: StreamTap | None,
+    doc: dict[str, Any],
+) -> RequestOutcome:
+    usage = doc.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    exact, without = _exact(spec_object(doc), single) if status == "200" else (None, None)
+    timings = tap.timings if tap is not None else doc.get("timings")
+    timings = timings if isinstance(timings, dict) else {}
+    ttft = decode = None
+    if tap is not None and tap.first_content_at is not None:
+        ttft = tap.first_content_at - started
+        decode = (tap.last_content_at or tap.first_content_at) - tap.first_content_at
+    finish: object = "abort" if status == "499" else None
+    if status == "200":
+        finish = tap.finish_reason if tap is not None else _first_finish(doc)
+    return RequestOutcome(
+        route=route,
+        model_name=acc.label_model(doc.get("model") if status == "200" else None),
+        status=status,
+        completion_tokens=int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
+        ttft=ttft,
+        decode_seconds=decode,
+        exact=exact,
+        drafted=_drafted(timings) if exact is None else None,
+        without_exact=without,
+        increments=tuple(tap.increments) if tap is not None else (),
+        finish_reason=accounting.finish_label(finish),
+    )
+
+
+def _drafted(timings: dict[str, Any]) -> tuple[int, int] | None:
+    """llama.cpp's per-request draft and accepted tokens, when its timings carry them."""
+    if "predicted_n" not in timings:
+        return None
+    # a request that drafted nothing has no draft_n: it did no verify step
+    tokens, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+    if type(tokens) is int and type(accepted) is int and 0 <= accepted <= tokens:
+        return tokens, accepted
+    return None
+
+
+def _exact(spec: object, single: bool) -> tuple[Counts | None, str | None]:
+    """A 200's own counts, or why there are none (then it is left to estimates)."""
+    if not single:
+        return None, accounting.N_ABOVE_1
+    if spec is None:
+        return None, accounting.NOT_SENT
+    if not isinstance(spec, dict):
+        return None, accounting.UNKNOWN_SHAPE
+    try:
+        return from_spec_object(spec), None
+    except BadSpecObject:
+        return None, accounting.UNKNOWN_SHAPE
+
+
+def _first_finish(doc: dict[str, Any]) -> object:
+    """The finish_reason of a whole response's first choice."""
+    choices = doc.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first.get("finish_reason") if isinstance(first, dict) else None
