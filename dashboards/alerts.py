@@ -102,6 +102,35 @@ def acceptance_collapsed(mix: Mixin) -> dict[str, Any]:
     )
 
 
+def silently_off(mix: Mixin) -> dict[str, Any]:
+    """Traffic without drafts, seen three ways: a route's tokens (the proxy), vLLM's tokens,
+    and TensorRT-LLM's completed requests on a model that drafted before (its
+    acceptance_rate_threshold gate turns speculation off for good; it counts no tokens)."""
+    vllm = f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
+    trt = f"{{{mix.trtllm_selector}}}" if mix.trtllm_selector else ""
+    drafted = f"trtllm_spec_decode_num_draft_tokens_total{trt}"
+    return _alert(
+        mix,
+        "SpecDecodeSilentlyOff",
+        "(sum by (route, model_name) (rate(specdec_route_generation_tokens_total[10m])) > 0\n"
+        " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_drafts_total[10m])) > 0)\n"
+        "or\n"
+        f"(sum by (model_name) (rate(vllm:generation_tokens_total{vllm}[10m])) > 0\n"
+        f" unless on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0)\n"
+        "or\n"
+        f"(sum by (model_name) (rate(trtllm_num_requests_completed_total{trt}[10m])) > 0\n"
+        f" and on (model_name) sum by (model_name) ({drafted}) > 0\n"
+        f" unless on (model_name) sum by (model_name) (rate({drafted}[10m])) > 0)",
+        mix.for_.silently_off,
+        "warning",
+        "Requests are served but no drafts are made ({{ $labels.model_name }})",
+        "{{ $labels.model_name }} serves {{ $value | humanize }}/s (tokens; completed requests on "
+        "TensorRT-LLM) and proposes no draft tokens: speculative decoding is off (TensorRT-LLM turns "
+        "it off by itself when acceptance falls below acceptance_rate_threshold), or its drafter "
+        "finds nothing to propose.",
+    )
+
+
 def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
     waits, vllm = mix.for_, f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
     rules = [  # SpecDecodeAcceptanceDrop lives with its recording rules (dashboards/rules.py)
@@ -118,20 +147,7 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
             "Estimated speedup of {{ $labels.route }} ({{ $labels.model_name }}) over the last hour is "
             '{{ $value | printf "%.2f" }}x: tokens per step no longer cover the cost of a verify step.',
         ),
-        _alert(
-            mix,
-            "SpecDecodeSilentlyOff",
-            "(sum by (route, model_name) (rate(specdec_route_generation_tokens_total[10m])) > 0\n"
-            " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_drafts_total[10m])) > 0)\n"
-            "or\n"
-            f"(sum by (model_name) (rate(vllm:generation_tokens_total{vllm}[10m])) > 0\n"
-            f" unless on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0)",
-            waits.silently_off,
-            "warning",
-            "Tokens are generated but no drafts are made ({{ $labels.model_name }})",
-            "{{ $labels.model_name }} generates {{ $value | humanize }} tokens/s and proposes no draft "
-            "tokens: speculative decoding is off or its drafter finds nothing to propose.",
-        ),
+        silently_off(mix),
         _alert(
             mix,
             "SpecDecodeExactCountsLost",

@@ -129,6 +129,8 @@ class Mixin:
     vllm_job: str = setting(_label_value, "vllm")  # the job scraping vLLM itself
     # label matchers for vLLM's own series in alerts ("": any job, as prometheus.yml has one)
     vllm_selector: str = setting(_selector, "")
+    # likewise for TensorRT-LLM's own /prometheus/metrics (SpecDecodeSilentlyOff's third half)
+    trtllm_selector: str = setting(_selector, "")
     acceptance_drop: DropAlert = setting(_object(DropAlert), DropAlert())
     runaway: RunawayAlert = setting(_object(RunawayAlert), RunawayAlert())
     collapsed: CollapsedAlert = setting(_object(CollapsedAlert), CollapsedAlert())
