@@ -68,7 +68,7 @@ class Sidecar:
             accounting = Accounting(config.proxy.route_names, config.windows, self.models)
             self.proxy = Proxy(config.proxy, accounting, self.faults)
             self.fronted = self._fronted_target(config)
-            self.proxy.inject_usage = _injects_usage(self.fronted)
+            self.proxy.engine = _engine(self.fronted)
             self._routes = RouteCollector(self.proxy, self.models, self.fronted, clock)
             self._register(self._routes)
             self._register(RequestCollector(accounting, clock))
@@ -156,7 +156,7 @@ class Sidecar:
             accounting.routes = new.proxy.route_names
             self.proxy.reconfigure(new.proxy)
             self.fronted = self._routes.target = self._fronted_target(new)
-            self.proxy.inject_usage = _injects_usage(self.fronted)
+            self.proxy.engine = _engine(self.fronted)
         self.config = new
 
     def _register(self, collector: Collector) -> None:
@@ -292,7 +292,7 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     run_until_stopped(lambda: run(config, reload))
 
 
-def _injects_usage(fronted: TargetState | None) -> bool:
-    """llama.cpp moves its `timings` from the finish chunk to the usage chunk when a stream asks
-    for usage: stripping that chunk would change what the client gets, so never ask it."""
-    return fronted is None or fronted.target.engine != "llamacpp"
+def _engine(fronted: TargetState | None) -> str:
+    """The proxied engine's kind (the fronted target's), which decides what the proxy asks it
+    for: vLLM's usage, SGLang's spec details, nothing of llama.cpp."""
+    return "vllm" if fronted is None else fronted.target.engine

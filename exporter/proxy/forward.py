@@ -27,6 +27,7 @@ from typing import Any
 from exporter import logs
 from exporter.config import ProxyConfig
 from exporter.core.faults import Faults
+from exporter.proxy import sglext
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.connection import ClientConnection
 from exporter.proxy.framing import Head
@@ -76,6 +77,7 @@ class _Plan:
     strip: tuple[bool, bool] | None = None  # a streamed completion: what the tap removes
     content_key: bytes = b""
     single: bool | None = None  # a completion, accounted: one choice (n == 1)?
+    strip_spec: bool = False  # SGLang: the proxy asked for spec_tokens_details, the client did not
 
 
 class Proxy:
@@ -88,7 +90,7 @@ class Proxy:
         self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
-        self.inject_usage = True  # False: streams are relayed as asked (see sidecar)
+        self.engine = "vllm"  # the upstream's kind: what to ask it for (see sidecar)
         self.upstream_errors: dict[str, int] = {"connection": 0, "timeout": 0, "broken": 0}
         self.refused = 0
         self.shed: dict[str, int] = {"connections": 0, "in_flight": 0}  # 503s past a limit
@@ -205,7 +207,13 @@ class Proxy:
         call.exchange = self.upstream.send(method, plan.target, headers, plan.body, call)
         # the rest can wait until the request is on its way: no response byte comes before
         if plan.strip is not None:
-            call.tap = StreamTap(*plan.strip, content_key=plan.content_key, on_fault=call.tap_fault)
+            call.tap = StreamTap(
+                *plan.strip,
+                strip_spec_details=plan.strip_spec,
+                content_key=plan.content_key,
+                on_fault=call.tap_fault,
+            )
+        call.strip_spec = plan.strip_spec
         if plan.single is not None:  # accounted when it ends
             call.account = (plan.route, started, plan.single)
         return call
@@ -220,12 +228,15 @@ class Proxy:
         if method != "POST" or match.path not in COMPLETIONS or parsed is None:
             return _Plan(match.route, target, body)
         strip: tuple[bool, bool] | None = None
+        strip_spec = False
+        if self.engine == "sglang" and parsed.get(sglext.FLAG) is not True:
+            body, strip_spec = _with_key(body, parsed, sglext.FLAG, True), True
         if parsed.get("stream") is True:
-            body, strip = (
-                self._inject(parsed, body) if self.inject_usage else (body, (False, False))
-            )
+            # llama.cpp moves its timings into the usage chunk when asked for one: never ask
+            asks = self.engine != "llamacpp"
+            body, strip = self._inject(parsed, body) if asks else (body, (False, False))
         single = (parsed.get("n") or 1) == 1
-        return _Plan(match.route, target, body, strip, COMPLETIONS[match.path], single)
+        return _Plan(match.route, target, body, strip, COMPLETIONS[match.path], single, strip_spec)
 
     def _shed(self, writer: ResponseWriter, limit: str) -> None:
         """Past a limit: vLLM's 503 shape, a Retry-After, the connection closed after it."""
@@ -249,8 +260,11 @@ class Proxy:
             bool(options.get("include_usage")),
             bool(options.get("continuous_usage_stats")),
         )
-        # token increments for estimates when vLLM sends no per-request object (n == 1 only)
-        want_continuous = continuous or (self.objects_missing and (parsed.get("n") or 1) == 1)
+        # token increments for estimates when vLLM sends no per-request object (n == 1 only);
+        # SGLang's details come without: its usage fields are left as the client asked
+        want_continuous = continuous or (
+            self.objects_missing and self.engine != "sglang" and (parsed.get("n") or 1) == 1
+        )
         # vLLM sends per-chunk usage only with both options: what the client did not get
         # directly, it must not get through the proxy
         strip = (not usage, want_continuous and not (usage and continuous))
@@ -275,7 +289,7 @@ class Proxy:
         elif spec is not None:
             self.objects_missing = False
         self.accounting.record(
-            request_outcome(self.accounting, route, started, single, status, tap, doc)
+            request_outcome(self.accounting, route, started, single, status, tap, doc, self.engine)
         )
 
 
@@ -291,6 +305,7 @@ class _Call:
         self.tap: StreamTap | None = None  # on streamed completions
         self.exchange: Exchange | None = None
         self.account: tuple[str, float, bool] | None = None  # route, start, single choice
+        self.strip_spec = False  # SGLang: cut the details the proxy asked for out of the body
         self._whole: list[bytes] | None = None  # a Content-Length body, collected
         self._over = False  # ended, failed or gone: counted out of flight, accounted
         self._head: Head | None = None
@@ -326,8 +341,9 @@ class _Call:
             length = head.get("Content-Length")
             if self.method == "HEAD" and length is not None:  # what a GET would have sent
                 headers.append(("Content-Length", length))
+            out = sglext.without_details(body) if self.strip_spec else body
             self.writer.respond(
-                head.status, head.reason, headers, body, head_only=self.method == "HEAD"
+                head.status, head.reason, headers, out, head_only=self.method == "HEAD"
             )
         else:
             rest = self.tap.flush() if self.tap is not None else b""

@@ -1,13 +1,14 @@
 """What a finished completion tells accounting: the engine's own per-request counts (vLLM's
-object) or why there are none, llama.cpp's per-request draft counts, tokens, times and how it
-ended. Read from the decoded response (or the stream's usage event) and the SSE tap."""
+object, SGLang's spec details) or why there are none, llama.cpp's per-request draft counts,
+tokens, times and how it ended. Read from the decoded response (or the stream's usage event)
+and the SSE tap."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from exporter.core.counts import BadSpecObject, Counts, from_spec_object
-from exporter.proxy import accounting
+from exporter.proxy import accounting, sglext
 from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.proxy.sse import StreamTap
 
@@ -26,10 +27,15 @@ def request_outcome(
     status: str,
     tap: StreamTap | None,
     doc: dict[str, Any],
+    engine: str = "vllm",
 ) -> RequestOutcome:
     usage = doc.get("usage")
     usage = usage if isinstance(usage, dict) else {}
-    exact, without = _exact(spec_object(doc), single) if status == "200" else (None, None)
+    exact = without = None
+    if status == "200" and engine == "sglang":
+        exact, without = _exact_sglang(tap.spec_details if tap is not None else sglext.details(doc))
+    elif status == "200":
+        exact, without = _exact(spec_object(doc), single)
     timings = tap.timings if tap is not None else doc.get("timings")
     timings = timings if isinstance(timings, dict) else {}
     ttft = decode = None
@@ -75,6 +81,17 @@ def _exact(spec: object, single: bool) -> tuple[Counts | None, str | None]:
         return None, accounting.UNKNOWN_SHAPE
     try:
         return from_spec_object(spec), None
+    except BadSpecObject:
+        return None, accounting.UNKNOWN_SHAPE
+
+
+def _exact_sglang(spec: object) -> tuple[Counts | None, str | None]:
+    """SGLang's details (a list for n > 1: its choices' sum, exact too), or why there are none:
+    none comes when no verify step ran (speculation off, max_tokens 1) or when it was stripped."""
+    if spec is None:
+        return None, accounting.NOT_SENT
+    try:
+        return sglext.counts(spec), None
     except BadSpecObject:
         return None, accounting.UNKNOWN_SHAPE
 

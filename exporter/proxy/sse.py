@@ -2,9 +2,10 @@
 
 The tap frames the byte stream into events (`data: ...\\n\\n`) and forwards each one as soon as
 it is complete, parsing only what it must: a cheap byte test finds the first content token,
-and only the final usage event (`"choices":[]`) is decoded. When the proxy injected
-`include_usage` (or `continuous_usage_stats`) the client did not ask for, the tap removes what
-the injection added, so the client gets the bytes vLLM would have sent it.
+and only the final usage event (`"choices":[]`) is decoded, and SGLang's event of details. When
+the proxy injected `include_usage` (or `continuous_usage_stats`, or SGLang's
+`return_spec_tokens_details`) the client did not ask for, the tap removes what the injection
+added, so the client gets the bytes the engine would have sent it.
 
 What is relayed (framing, stripping) and what is only observed (content times, the finish
 reason, the usage event, token increments) are kept apart: an exception while observing stops
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.proxy import sglext
+
 _USAGE_FIELD = re.compile(rb',"usage":\{[^{}]*\}')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _FINISH = b'"finish_reason":"'
@@ -29,11 +32,13 @@ _FINISH = b'"finish_reason":"'
 class StreamTap:
     strip_usage_event: bool = False  # the proxy added include_usage
     strip_usage_fields: bool = False  # the proxy added continuous_usage_stats
+    strip_spec_details: bool = False  # the proxy added SGLang's return_spec_tokens_details
     content_key: bytes = b'"content":"'  # b'"text":"' for /v1/completions
     first_content_at: float | None = None
     last_content_at: float | None = None
     usage: dict[str, Any] | None = None  # the final usage event, decoded
     timings: dict[str, Any] | None = None  # llama.cpp's, from the finish event
+    spec_details: object = None  # SGLang's sglext.spec_tokens_details, from its own event
     finish_reason: str | None = None  # the first one the stream carried
     increments: list[int] = field(default_factory=list)  # tokens per content event
     on_fault: Callable[[BaseException], None] | None = None  # an observation raised
@@ -88,6 +93,12 @@ class StreamTap:
         at = event.find(self.content_key)
         if at != -1 and event[at + len(self.content_key)] != 0x22:  # '"': not an empty string
             self._observe(self._content)
+        elif b'"choices":[]' in event and b'"sglext":{' in event and b'"usage":null' in event:
+            doc = _decode(event)  # SGLang's details, in their own event before the usage event
+            self._observe(lambda: self._spec_details(doc))
+            out = sglext.without_details(event) if self.strip_spec_details else event
+            held, self._held = self._held, []
+            return b"".join(held) + out
         elif b'"choices":[]' in event and b'"usage"' in event:
             usage = _decode(event)
             self._observe(lambda: self._usage(usage))
@@ -129,6 +140,9 @@ class StreamTap:
 
     def _usage(self, usage: dict[str, Any] | None) -> None:
         self.usage = usage
+
+    def _spec_details(self, doc: dict[str, Any] | None) -> None:
+        self.spec_details = sglext.details(doc)
 
     def _finish(self, event: bytes, begin: int) -> None:
         self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")

@@ -208,6 +208,10 @@ class SimEngine:
         accepted_tokens.labels(*labels).inc(accepted)
         for pos in range(accepted):
             per_pos.labels(*labels, str(pos)).inc()
+        drafted = self.metrics.drafted_per_position
+        for pos in range(k):
+            drafted[pos] = drafted.get(pos, 0) + 1
+        self.metrics.last_step = (accepted, k)
         stats.histogram[accepted] += 1
         stats.draft_tokens += k
         stats.per_step_accepted.append(accepted)

@@ -23,6 +23,10 @@ class EngineMetrics:
     def __init__(self, model: str, engines: int, k: int, spec: bool) -> None:
         self.registry = CollectorRegistry()
         self.started = time.time()
+        self.model = model
+        # what other engines count and vLLM does not (pages.py renders them)
+        self.drafted_per_position: dict[int, int] = {}  # TensorRT-LLM's drafted tokens
+        self.last_step: tuple[int, int] = (0, 0)  # SGLang's gauges: (accepted, drafted)
 
         def counter(name: str, doc: str, *extra: str) -> Counter:
             return Counter(f"vllm:{name}", doc, [*LABELS, *extra], registry=self.registry)
