@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from structlog.stdlib import BoundLogger
 
 from exporter import __version__, logs
-from exporter.config import Config, ConfigError, ModelConfig, redact
+from exporter.config import Config, ConfigError, ModelConfig, ProxyConfig, redact
 from exporter.core.faults import Faults
 from exporter.export.guarded import Guarded
 from exporter.export.lifecycle_collector import LifecycleCollector, ReloadStatus
@@ -68,7 +68,7 @@ class Sidecar:
             accounting = Accounting(config.proxy.route_names, config.windows, self.models)
             self.proxy = Proxy(config.proxy, accounting, self.faults)
             self.fronted = self._fronted_target(config)
-            self.proxy.engine = _engine(self.fronted)
+            self.proxy.engine = _engine(config.proxy, self.fronted)
             self._routes = RouteCollector(self.proxy, self.models, self.fronted, clock)
             self._register(self._routes)
             self._register(RequestCollector(accounting, clock))
@@ -156,7 +156,7 @@ class Sidecar:
             accounting.routes = new.proxy.route_names
             self.proxy.reconfigure(new.proxy)
             self.fronted = self._routes.target = self._fronted_target(new)
-            self.proxy.engine = _engine(self.fronted)
+            self.proxy.engine = _engine(new.proxy, self.fronted)
         self.config = new
 
     def _register(self, collector: Collector) -> None:
@@ -292,7 +292,9 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     run_until_stopped(lambda: run(config, reload))
 
 
-def _engine(fronted: TargetState | None) -> str:
-    """The proxied engine's kind (the fronted target's), which decides what the proxy asks it
-    for: vLLM's usage, SGLang's spec details, nothing of llama.cpp."""
+def _engine(proxy: ProxyConfig | None, fronted: TargetState | None) -> str:
+    """The proxied engine's kind (`proxy.engine`, else the fronted target's), which decides
+    what the proxy asks it for: vLLM's usage, SGLang's spec details, nothing of llama.cpp."""
+    if proxy is not None and proxy.engine is not None:
+        return proxy.engine
     return "vllm" if fronted is None else fronted.target.engine

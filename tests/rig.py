@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,9 +31,10 @@ async def simulator(
     clock: Callable[[], float] | None = None,
     engines: int = 1,
     adaptive: bool = False,
+    dialect: str = "vllm",
 ) -> AsyncIterator[tuple[SimEngine, str]]:
     engine = SimEngine("sim-27b", engines=engines, speed=speed, seed=seed, adaptive=adaptive)
-    app = build_app(engine, per_request, clock=clock) if clock else build_app(engine, per_request)
+    app = build_app(engine, per_request, clock=clock or time.time, dialect=dialect)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     port = free_port()
@@ -44,12 +46,15 @@ async def simulator(
 
 
 @asynccontextmanager
-async def sidecar(upstream: str, **proxy: Any) -> AsyncIterator[tuple[Sidecar, str, str]]:
-    """A sidecar scraping `upstream` every 0.1 s, with the proxy in front of it."""
+async def sidecar(
+    upstream: str, kind: str = "vllm", path: str = "/metrics", **proxy: Any
+) -> AsyncIterator[tuple[Sidecar, str, str]]:
+    """A sidecar scraping `upstream` (a target of engine `kind`, at `path`) every 0.1 s, with
+    the proxy in front of it (`proxy`: ProxyConfig fields)."""
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
-        targets=(Target("sim", f"{upstream}/metrics", interval=0.1),),
+        targets=(Target("sim", f"{upstream}{path}", engine=kind, interval=0.1),),
         proxy=ProxyConfig(
             upstream, ("127.0.0.1", proxy_port), "sim", proxy.pop("routes", ROUTES), **proxy
         ),

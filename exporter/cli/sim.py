@@ -8,7 +8,7 @@ import sys
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs
-from exporter.config import ConfigError, from_flags
+from exporter.config import PROXY_ENGINES, ConfigError, from_flags
 from exporter.process import AddressInUse, check_free, run_until_stopped
 
 
@@ -63,6 +63,14 @@ def register(verbs: Verbs) -> None:
         help="each verify step drafts 1..K tokens (vLLM's adaptive draft length): draft tokens "
         "are no longer K x steps",
     )
+    p.add_argument(
+        "--engine",
+        choices=PROXY_ENGINES,
+        default="vllm",
+        help="whose wire shapes and metrics page to serve (default vllm): SGLang's sglext "
+        "details, llama.cpp's timings and llamacpp:* page, TensorRT-LLM's page at "
+        "/prometheus/metrics (no per-request data)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument(
         "--profile",
@@ -115,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         profiles,
         adaptive=args.adaptive_draft_length,
     )
-    app = build_app(engine, args.per_request_spec_decode_metrics)
+    app = build_app(engine, args.per_request_spec_decode_metrics, dialect=args.engine)
 
     async def main() -> None:
         runner = web.AppRunner(app, access_log=None)

@@ -36,7 +36,8 @@ def request_outcome(
         exact, without = _exact_sglang(tap.spec_details if tap is not None else sglext.details(doc))
     elif status == "200":
         exact, without = _exact(spec_object(doc), single)
-    timings = tap.timings if tap is not None else doc.get("timings")
+    # llama.cpp: on the finish event, or on the usage event when the stream asked for usage
+    timings = (tap.timings if tap is not None else None) or doc.get("timings")
     timings = timings if isinstance(timings, dict) else {}
     ttft = decode = None
     if tap is not None and tap.first_content_at is not None:
@@ -47,7 +48,7 @@ def request_outcome(
         finish = tap.finish_reason if tap is not None else _first_finish(doc)
     return RequestOutcome(
         route=route,
-        model_name=acc.label_model(doc.get("model") if status == "200" else None),
+        model_name=acc.label_model(_model(doc, tap) if status == "200" else None),
         status=status,
         completion_tokens=int(usage.get("completion_tokens") or timings.get("predicted_n") or 0),
         ttft=ttft,
@@ -58,6 +59,12 @@ def request_outcome(
         increments=tuple(tap.increments) if tap is not None else (),
         finish_reason=accounting.finish_label(finish),
     )
+
+
+def _model(doc: dict[str, Any], tap: StreamTap | None) -> str | None:
+    """The served model: the response's, the usage event's, else the finish event's."""
+    model = doc.get("model") or (tap.model if tap is not None else None)
+    return model if isinstance(model, str) else None
 
 
 def _drafted(timings: dict[str, Any]) -> tuple[int, int] | None:

@@ -38,6 +38,7 @@ class StreamTap:
     last_content_at: float | None = None
     usage: dict[str, Any] | None = None  # the final usage event, decoded
     timings: dict[str, Any] | None = None  # llama.cpp's, from the finish event
+    model: object = None  # the finish event's `model`, when it was decoded for its timings
     spec_details: object = None  # SGLang's sglext.spec_tokens_details, from its own event
     finish_reason: str | None = None  # the first one the stream carried
     increments: list[int] = field(default_factory=list)  # tokens per content event
@@ -147,8 +148,10 @@ class StreamTap:
     def _finish(self, event: bytes, begin: int) -> None:
         self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")
         if b'"timings":{' in event:  # llama.cpp: the request's draft counts ride on it
-            timings = (_decode(event) or {}).get("timings")
+            doc = _decode(event) or {}
+            timings = doc.get("timings")
             self.timings = timings if isinstance(timings, dict) else None
+            self.model = doc.get("model")  # no usage event follows: the model is here
 
     def _content(self) -> None:
         now = time.perf_counter()

@@ -171,8 +171,8 @@ def _trtllm(
     taken = vals.get(Role.ACCEPTED, sum(accepted.values()) if drafted else None)
     if tokens is None or taken is None:
         return None
-    if not drafted:
-        return Counts(None, tokens, taken, ())
+    if not drafted:  # nothing drafted yet has no position series either: 0 steps, not unknown
+        return Counts(0.0 if tokens == 0 else None, tokens, taken, ())
     return Counts(drafted[0], tokens, taken, _dense(accepted, len(drafted)))
 
 

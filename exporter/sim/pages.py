@@ -25,7 +25,6 @@ from prometheus_client.exposition import generate_latest
 
 from exporter.sim.metrics import EngineMetrics
 
-ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "trtllm")
 Values = dict[str, dict[tuple[tuple[str, str], ...], float]]  # sample name -> labels -> value
 
 

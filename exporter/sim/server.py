@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -13,13 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.exposition import generate_latest
 
 from exporter.core.counts import Counts
 from exporter.sim.decoder import Output, RequestStats, Sampling, SimEngine
+from exporter.sim.dialects import LlamacppShapes, SglangShapes, dumps
+from exporter.sim.pages import render
 from exporter.sim.profiles import Profile, classify
 from exporter.sim.wire import Json, Shapes, error, sse, usage
 
+Outputs = AsyncIterator[tuple[int, Output]]
 FAULTS = ("slow_metrics", "http_500", "malformed_metrics", "spec_off", "drop_connection_mid_stream")
 
 
@@ -27,6 +28,7 @@ FAULTS = ("slow_metrics", "http_500", "malformed_metrics", "spec_off", "drop_con
 class SimState:
     engine: SimEngine
     per_request: str = "summary"
+    dialect: str = "vllm"  # whose wire shapes and metrics page (dialects.DIALECTS)
     faults: dict[str, float] = field(default_factory=dict)  # name -> value (seconds, chunks)
     ids: itertools.count[int] = field(default_factory=itertools.count)
     clock: Callable[[], float] = time.time  # `created` stamps; tests fix it for byte equality
@@ -36,9 +38,14 @@ SIM: web.AppKey[SimState] = web.AppKey("sim", SimState)
 
 
 def build_app(
-    engine: SimEngine, per_request: str = "summary", clock: Callable[[], float] = time.time
+    engine: SimEngine,
+    per_request: str = "summary",
+    clock: Callable[[], float] = time.time,
+    dialect: str = "vllm",
 ) -> web.Application:
-    state = SimState(engine, per_request, clock=clock)
+    """`per_request` is vLLM's per-request object level (SGLang and llama.cpp send their own
+    details, TensorRT-LLM none)."""
+    state = SimState(engine, per_request, clock=clock, dialect=dialect)
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app[SIM] = state
     app.router.add_post("/v1/chat/completions", _completions)
@@ -46,6 +53,7 @@ def build_app(
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/prometheus/metrics", _metrics)  # TensorRT-LLM's path
     app.router.add_post("/admin/restart", _restart)
     app.router.add_post("/admin/profile", _profile)
     app.router.add_post("/admin/fault", _fault)
@@ -85,7 +93,7 @@ async def _metrics(request: web.Request) -> web.Response:
         return web.Response(status=500, text="Internal Server Error")
     if "slow_metrics" in state.faults:
         await asyncio.sleep(state.faults["slow_metrics"])
-    body = generate_latest(state.engine.metrics.registry)
+    body = render(state.dialect, state.engine.metrics)
     if "malformed_metrics" in state.faults:
         body += b'vllm:spec_decode_num_drafts_total{engine="0",model_name="x" 1\n\x00garbage{{{\n'
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
@@ -117,6 +125,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if not (min_tokens == 0 or _positive_int(min_tokens)) or not isinstance(ignore_eos, bool):
         message = "min_tokens must be a non-negative integer and ignore_eos a boolean"
         return _json_error(400, message, "BadRequestError")
+    if state.dialect == "llamacpp" and n != 1:  # llama-server's own refusal
+        body = {"code": 400, "message": "Only one completion choice is allowed"}
+        return _json({"error": body | {"type": "invalid_request_error"}}, 400)
     sampling = Sampling(max_tokens, min_tokens, ignore_eos)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
@@ -129,6 +140,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     gens = [engine.generate(profile, run.prompt_tokens, sampling, s) for s in run.stats]
     outputs = _merged(gens)
     try:
+        if state.dialect in ("sglang", "llamacpp"):
+            return await run.other(request, outputs, body, chat)
         if body.get("stream"):
             return await run.stream(request, outputs, body.get("stream_options") or {})
         return await run.whole(outputs)
@@ -151,7 +164,9 @@ class Run:
         """The per-request object as vLLM fills it: only with the flag on, speculation
         configured and n == 1."""
         level = self.state.per_request
-        if level == "none" or len(self.stats) != 1 or self.state.engine.k == 0:
+        if level == "none" or self.state.dialect != "vllm":
+            return None
+        if len(self.stats) != 1 or self.state.engine.k == 0:
             return None
         return self.stats[0].to_dict(level == "detailed", whole)
 
@@ -206,6 +221,75 @@ class Run:
         await resp.write_eof()
         return resp
 
+    async def other(
+        self, request: web.Request, outputs: Outputs, body: Json, chat: bool
+    ) -> web.StreamResponse:
+        """SGLang's or llama.cpp's shapes (dialects.py), streamed or whole."""
+        options = body.get("stream_options")
+        final_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        resp: web.StreamResponse | None = None
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+        head = self.shapes.head
+        if self.state.dialect == "sglang":
+            flag = body.get("return_spec_tokens_details") is True and self.state.engine.k > 0
+            sgl = SglangShapes(chat, head["id"], head["created"], head["model"])
+            whole = await self._sglang(sgl, resp, outputs, flag, final_usage)
+        else:
+            build = f"b1-{self.state.engine.fingerprint[-7:]}"
+            llama = LlamacppShapes(chat, head["id"], head["created"], head["model"], build)
+            whole = await self._llamacpp(llama, resp, outputs, final_usage)
+        if resp is None:
+            return _json(whole)
+        await resp.write(sse("[DONE]"))
+        await resp.write_eof()
+        return resp
+
+    async def _sglang(
+        self,
+        sgl: SglangShapes,
+        resp: web.StreamResponse | None,
+        outputs: Outputs,
+        flag: bool,
+        final_usage: bool,
+    ) -> Json:
+        texts, finishes = [""] * len(self.stats), ["stop"] * len(self.stats)
+        if resp is not None:
+            for chunk in sgl.opening(len(self.stats)):
+                await resp.write(chunk)
+        async for index, out in outputs:
+            texts[index] += "".join(out.tokens)
+            finishes[index] = out.finish_reason or finishes[index]
+            for chunk in sgl.content(index, "".join(out.tokens), out.finish_reason):
+                if resp is not None:
+                    await resp.write(chunk)
+        prompt, completion = self.prompt_tokens, self.completion_tokens()
+        if resp is None:
+            return sgl.response(prompt, completion, texts, finishes, self.stats, flag)
+        for chunk in sgl.closing(prompt, completion, self.stats, flag, final_usage):
+            await resp.write(chunk)
+        return {}
+
+    async def _llamacpp(
+        self,
+        llama: LlamacppShapes,
+        resp: web.StreamResponse | None,
+        outputs: Outputs,
+        final_usage: bool,
+    ) -> Json:
+        text, finish = "", "stop"
+        async for _, out in outputs:
+            text += "".join(out.tokens)
+            finish = out.finish_reason or finish
+            if resp is not None:
+                await resp.write(llama.content("".join(out.tokens)))
+        if resp is None:
+            return llama.response(self.prompt_tokens, text, finish, self.stats[0])
+        for chunk in llama.closing(self.prompt_tokens, self.stats[0], finish, final_usage):
+            await resp.write(chunk)
+        return {}
+
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -253,7 +337,7 @@ def _prompt_text(body: Json, chat: bool) -> str | None:
 
 def _json(data: Any, status: int = 200) -> web.Response:
     """Compact JSON as vLLM (FastAPI) sends it: `application/json`, no charset parameter."""
-    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    body = dumps(data)
     return web.Response(body=body, status=status, headers={"Content-Type": "application/json"})
 
 

@@ -350,3 +350,16 @@ def test_read_page_never_raises(text, kind):
         assert all(0 <= v < float("inf") for v in (c.draft_tokens, c.accepted, *c.per_position))
         if kind != "trtllm":
             assert c.drafts is not None
+
+
+def test_a_trtllm_that_drafted_nothing_yet_has_zero_steps_not_unknown():
+    """At start TensorRT-LLM has token counters at 0 and no position series (one appears when
+    a position is first drafted): that is 0 steps, or the routes' estimates, apportioned from
+    the work since the sidecar's first sight, would never get any steps."""
+    labels = '{model_name="llama",engine_type="pytorch"}'
+    page = (
+        f"trtllm_spec_decode_num_draft_tokens_total{labels} 0.0\n"
+        f"trtllm_spec_decode_num_accepted_tokens_total{labels} 0.0\n"
+    )
+    (series,) = read_page(page, families("trtllm")).series.values()
+    assert series.counts == Counts(0.0, 0.0, 0.0, ())

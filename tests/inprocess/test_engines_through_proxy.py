@@ -1,0 +1,135 @@
+"""Per-route payoff on engines beyond vLLM: the simulator in each engine's dialect, 200 mixed
+concurrent requests of two routes through the proxy, and the routes' counts summed against
+the engine's own counters (where it has them) and the simulator's truth.
+
+- SGLang: every request's `sglext.spec_tokens_details` (asked for by the proxy when the client
+  did not) -> exact route counts, n > 1 included; their verify steps sum to
+  `sglang:spec_verify_calls_total`.
+- llama.cpp: each request's `timings.draft_n` / `draft_n_accepted` -> the routes' draft and
+  accepted tokens are their own; steps and positions are apportioned, summing to the server's.
+- TensorRT-LLM: no per-request data: estimates that sum to its counters (steps from position 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import aiohttp
+
+from exporter.core.counts import Counts, total
+from exporter.scrape.families import families, read_page
+from tests.helpers import eventually, samples
+from tests.inprocess.test_proxy_accounting import close, route_counts, truth
+from tests.rig import CODE, JA, sidecar, simulator
+
+
+async def traffic(proxy: str, count: int = 200, seed: int = 5, **extra: Any) -> None:
+    """`count` requests, half voice (header) half agent (path): whole, streamed, streamed with
+    usage; `extra` picks request fields some of them carry (a list of choices per field)."""
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(20)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        voice = i % 2 == 0
+        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
+        body: dict[str, Any] = {
+            "model": "sim-27b",
+            "messages": JA if voice else CODE,
+            "max_tokens": rng.randint(20, 120),
+        }
+        style = rng.choice(["whole", "stream", "stream_usage"])
+        if style != "whole":
+            body["stream"] = True
+        if style == "stream_usage":
+            body["stream_options"] = {"include_usage": True}
+        for name, choices in extra.items():
+            value = rng.choice(choices)
+            if value is not None:
+                body[name] = value
+        async with (
+            gate,
+            session.post(url, json=body, headers={"X-Route": "voice"} if voice else {}) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(one(session, i) for i in range(count)))
+
+
+async def page(upstream: str, path: str = "/metrics") -> dict[Any, float]:
+    async with aiohttp.ClientSession() as session, session.get(upstream + path) as resp:
+        return samples(await resp.text())
+
+
+def value(found: dict[Any, float], name: str) -> float:
+    return sum(v for (n, _), v in found.items() if n == name)
+
+
+async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
+    async with (
+        simulator(dialect="sglang") as (_, upstream),
+        sidecar(upstream, engine="sglang") as (side, proxy, metrics),
+    ):
+        await traffic(proxy, return_spec_tokens_details=[None, True, False], n=[None, None, 2])
+        routes = await route_counts(metrics, "exact")
+        real = await truth(upstream)
+        engine = await page(upstream)
+    assert routes["voice_chat"] == real["ja_chat"] and routes["coding_agent"] == real["code_agent"]
+    both = routes["voice_chat"] + routes["coding_agent"]
+    assert both.drafts == value(engine, "sglang:spec_verify_calls_total") > 1000
+    assert side.proxy is not None and side.proxy.engine == "sglang"
+    assert sum(side.proxy.accounting.requests.values()) == 200
+
+
+async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_server() -> None:
+    async with (
+        simulator(dialect="llamacpp") as (_, upstream),
+        sidecar(upstream, kind="llamacpp") as (_, proxy, metrics),
+    ):
+        await traffic(proxy)
+        real = await truth(upstream)
+        server = read_page(await _text(upstream), families("llamacpp"))
+        engine = total([s.counts for s in server.series.values()])
+
+        async def apportioned() -> dict[str, Counts] | None:
+            routes = await route_counts(metrics, "estimated")
+            if len(routes) == 2 and close(routes["voice_chat"] + routes["coding_agent"], engine):
+                return routes
+            return None
+
+        routes = await eventually(apportioned, timeout=10)
+    for route, profile in (("voice_chat", "ja_chat"), ("coding_agent", "code_agent")):
+        assert routes[route].draft_tokens == real[profile].draft_tokens
+        assert routes[route].accepted == real[profile].accepted
+    assert engine.draft_tokens > 1000
+
+
+async def test_trtllm_estimates_sum_to_its_counters() -> None:
+    async with (
+        simulator(dialect="trtllm") as (_, upstream),
+        sidecar(upstream, kind="trtllm", path="/prometheus/metrics") as (_, proxy, metrics),
+    ):
+        await traffic(proxy)
+        server = read_page(await _text(upstream, "/prometheus/metrics"), families("trtllm"))
+        engine = total([s.counts for s in server.series.values()])
+
+        async def apportioned() -> dict[str, Counts] | None:
+            routes = await route_counts(metrics, "estimated")
+            if len(routes) == 2 and close(routes["voice_chat"] + routes["coding_agent"], engine):
+                return routes
+            return None
+
+        routes = await eventually(apportioned, timeout=10)
+    # estimates: only the sums are exact; the routes still differ as their workloads do
+    assert engine.drafts is not None and engine.drafts > 300
+    assert routes["voice_chat"].accepted / routes["voice_chat"].draft_tokens < (
+        routes["coding_agent"].accepted / routes["coding_agent"].draft_tokens
+    )
+
+
+async def _text(upstream: str, path: str = "/metrics") -> str:
+    async with aiohttp.ClientSession() as session, session.get(upstream + path) as resp:
+        return await resp.text()
