@@ -12,51 +12,20 @@ the engine's own counters (where it has them) and the simulator's truth.
 
 from __future__ import annotations
 
-import asyncio
-import random
 from typing import Any
 
 import aiohttp
 
-from exporter.core.counts import Counts, total
+from exporter.core.counts import total
 from exporter.scrape.families import families, read_page
-from tests.helpers import eventually, samples
-from tests.inprocess.test_proxy_accounting import close, route_counts, truth
-from tests.rig import CODE, JA, sidecar, simulator
-
-
-async def traffic(proxy: str, count: int = 200, seed: int = 5, **extra: Any) -> None:
-    """`count` requests, half voice (header) half agent (path): whole, streamed, streamed with
-    usage; `extra` picks request fields some of them carry (a list of choices per field)."""
-    rng = random.Random(seed)
-    gate = asyncio.Semaphore(20)
-
-    async def one(session: aiohttp.ClientSession, i: int) -> None:
-        voice = i % 2 == 0
-        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
-        body: dict[str, Any] = {
-            "model": "sim-27b",
-            "messages": JA if voice else CODE,
-            "max_tokens": rng.randint(20, 120),
-        }
-        style = rng.choice(["whole", "stream", "stream_usage"])
-        if style != "whole":
-            body["stream"] = True
-        if style == "stream_usage":
-            body["stream_options"] = {"include_usage": True}
-        for name, choices in extra.items():
-            value = rng.choice(choices)
-            if value is not None:
-                body[name] = value
-        async with (
-            gate,
-            session.post(url, json=body, headers={"X-Route": "voice"} if voice else {}) as resp,
-        ):
-            assert resp.status == 200, await resp.text()
-            await resp.read()
-
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(one(session, i) for i in range(count)))
+from tests.helpers import samples
+from tests.inprocess.test_proxy_accounting import (
+    apportioned,
+    mixed_traffic,
+    route_counts,
+    truth,
+)
+from tests.rig import sidecar, simulator
 
 
 async def page(upstream: str, path: str = "/metrics") -> dict[Any, float]:
@@ -73,7 +42,9 @@ async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
         simulator(dialect="sglang") as (_, upstream),
         sidecar(upstream, engine="sglang") as (side, proxy, metrics),
     ):
-        await traffic(proxy, return_spec_tokens_details=[None, True, False], n=[None, None, 2])
+        await mixed_traffic(
+            proxy, seed=5, return_spec_tokens_details=[None, True, False], n=[None, None, 2]
+        )
         routes = await route_counts(metrics, "exact")
         real = await truth(upstream)
         engine = await page(upstream)
@@ -89,18 +60,11 @@ async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_s
         simulator(dialect="llamacpp") as (_, upstream),
         sidecar(upstream, kind="llamacpp") as (_, proxy, metrics),
     ):
-        await traffic(proxy)
+        await mixed_traffic(proxy, seed=5)
         real = await truth(upstream)
         server = read_page(await _text(upstream), families("llamacpp"))
         engine = total([s.counts for s in server.series.values()])
-
-        async def apportioned() -> dict[str, Counts] | None:
-            routes = await route_counts(metrics, "estimated")
-            if len(routes) == 2 and close(routes["voice_chat"] + routes["coding_agent"], engine):
-                return routes
-            return None
-
-        routes = await eventually(apportioned, timeout=10)
+        routes = await apportioned(metrics, engine)
     for route, profile in (("voice_chat", "ja_chat"), ("coding_agent", "code_agent")):
         assert routes[route].draft_tokens == real[profile].draft_tokens
         assert routes[route].accepted == real[profile].accepted
@@ -112,17 +76,10 @@ async def test_trtllm_estimates_sum_to_its_counters() -> None:
         simulator(dialect="trtllm") as (_, upstream),
         sidecar(upstream, kind="trtllm", path="/prometheus/metrics") as (_, proxy, metrics),
     ):
-        await traffic(proxy)
+        await mixed_traffic(proxy, seed=5)
         server = read_page(await _text(upstream, "/prometheus/metrics"), families("trtllm"))
         engine = total([s.counts for s in server.series.values()])
-
-        async def apportioned() -> dict[str, Counts] | None:
-            routes = await route_counts(metrics, "estimated")
-            if len(routes) == 2 and close(routes["voice_chat"] + routes["coding_agent"], engine):
-                return routes
-            return None
-
-        routes = await eventually(apportioned, timeout=10)
+        routes = await apportioned(metrics, engine)
     # estimates: only the sums are exact; the routes still differ as their workloads do
     assert engine.drafts is not None and engine.drafts > 300
     assert routes["voice_chat"].accepted / routes["voice_chat"].draft_tokens < (

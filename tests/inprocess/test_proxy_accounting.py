@@ -17,8 +17,11 @@ from tests.helpers import eventually, need_tool, samples
 from tests.rig import CODE, JA, sidecar, simulator
 
 
-async def mixed_traffic(proxy: str, n: int = 200, concurrency: int = 20, seed: int = 3) -> None:
-    """n requests, half voice (header) half agent (path), streamed or not, with or without usage."""
+async def mixed_traffic(
+    proxy: str, count: int = 200, concurrency: int = 20, seed: int = 3, **extra: list[Any]
+) -> None:
+    """`count` requests, half voice (header) half agent (path), streamed or not, with or without
+    usage; `extra`: request fields some of them carry (the values to pick from; None: left out)."""
     rng = random.Random(seed)
     gate = asyncio.Semaphore(concurrency)
 
@@ -35,15 +38,19 @@ async def mixed_traffic(proxy: str, n: int = 200, concurrency: int = 20, seed: i
             body["stream"] = True
         if style == "stream_usage":
             body["stream_options"] = {"include_usage": True}
+        for name, choices in extra.items():
+            value = rng.choice(choices)
+            if value is not None:
+                body[name] = value
         async with (
             gate,
             session.post(url, json=body, headers={"X-Route": "voice"} if voice else {}) as resp,
         ):
-            assert resp.status == 200
+            assert resp.status == 200, await resp.text()
             await resp.read()
 
     async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(one(session, i) for i in range(n)))
+        await asyncio.gather(*(one(session, i) for i in range(count)))
 
 
 async def engine_totals(upstream: str) -> Counts:
@@ -86,6 +93,19 @@ async def route_counts(metrics_url: str, source: str) -> dict[str, Counts]:
     }
 
 
+async def apportioned(metrics_url: str, engine: Counts) -> dict[str, Counts]:
+    """The two routes' estimated counts once they add up to `engine` (polled: each second the
+    sidecar hands out the engine's unexplained work)."""
+
+    async def summed() -> dict[str, Counts] | None:
+        routes = await route_counts(metrics_url, "estimated")
+        if len(routes) == 2 and close(routes["voice_chat"] + routes["coding_agent"], engine):
+            return routes
+        return None
+
+    return await eventually(summed, timeout=10)
+
+
 def close(a: Counts, b: Counts, tol: float = 1e-6) -> bool:
     fields = [
         (a.drafts or 0) - (b.drafts or 0),
@@ -121,7 +141,7 @@ async def test_a_varying_draft_length_keeps_every_figure_exact() -> None:
         simulator("summary", adaptive=True) as (_, upstream),
         sidecar(upstream) as (_, proxy, metrics),
     ):
-        await mixed_traffic(proxy, n=120)
+        await mixed_traffic(proxy, count=120)
         routes = await route_counts(metrics, "exact")
         engine = await engine_totals(upstream)
         real = await truth(upstream)
