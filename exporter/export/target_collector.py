@@ -27,6 +27,7 @@ class TargetCollector(Collector):
         yield from self._health()
         yield from self._counters()
         yield from self._windows()
+        yield from self._reported()
 
     def _health(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("specdec_build_info", "specdec version.", labels=["version"])
@@ -95,6 +96,22 @@ class TargetCollector(Collector):
                     per_pos.add_metric([*labels, str(i)], value)
                 restarts.add_metric(labels, float(totals.restarts))
         yield from (drafts, proposed, accepted, rejected, per_pos, restarts)
+
+    def _reported(self) -> Iterator[Metric]:
+        reported = GaugeMetricFamily(
+            "specdec_engine_reported_acceptance_length",
+            "The engine's own acceptance-length gauge, as it reports it (TensorRT-LLM: "
+            "trtllm_spec_decode_acceptance_length, over its recent iterations, bonus token "
+            "included); not windowed, not restart-safe: a figure to compare, not to aggregate.",
+            labels=SERIES,
+        )
+        for state in self.targets:
+            for (model_name, engine), values in state.gauges.items():
+                if "acceptance_length" in values:
+                    labels = [state.target.name, model_name, engine]
+                    reported.add_metric(labels, values["acceptance_length"])
+        if reported.samples:  # only engines that report one (no empty family for vLLM)
+            yield reported
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*SERIES, "window"]

@@ -12,7 +12,7 @@ a position's series appears once it was first drafted) hold them: every step dra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from exporter.config import ENGINE_KINDS
@@ -38,6 +38,8 @@ class EngineFamilies:
     lead: str
     roles: dict[str, Role]
     position_label: str = "position"
+    # the engine's own gauges, kept as they are (sample name -> our name): never counters
+    gauges: tuple[tuple[str, str], ...] = ()
 
     def classify(self, name: str) -> tuple[Role, bool] | None:
         """(role, is_created_gauge) for a sample name, or None when it is not ours."""
@@ -60,7 +62,9 @@ def families(kind: str, prefix: str | None = None) -> EngineFamilies:
             "drafted_tokens": Role.DRAFTED_PER_POSITION,
             "accepted_tokens": Role.PER_POSITION,
         }
-        return EngineFamilies(kind, base, {base + n: r for n, r in names.items()}, "token_position")
+        gauges = ((base + "acceptance_length", "acceptance_length"),)
+        roles = {base + n: r for n, r in names.items()}
+        return EngineFamilies(kind, base, roles, "token_position", gauges)
     lead = base + "num_"
     names = {
         "drafts": Role.DRAFTS,
@@ -92,6 +96,7 @@ class Page:
 
     series: dict[SeriesKey, RawSeries]
     bad_lines: int
+    gauges: dict[SeriesKey, dict[str, float]] = field(default_factory=dict)  # engine's own
 
 
 def read_page(text: str, fams: EngineFamilies) -> Page:
@@ -103,7 +108,14 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
     drafted: dict[SeriesKey, dict[int, float]] = {}  # TensorRT-LLM's drafted tokens per position
     created: dict[SeriesKey, list[tuple[str, float]]] = {}
     broken: set[SeriesKey] = set()  # a bad sample leaves its series incomplete
+    gauges: dict[SeriesKey, dict[str, float]] = {}
+    own = dict(fams.gauges)
     for sample in found.samples:
+        if sample.name in own and sample.value == sample.value:  # NaN: nothing reported
+            labels = dict(sample.labels)
+            key = (labels.get("model_name", ""), labels.get("engine", ""))
+            gauges.setdefault(key, {})[own[sample.name]] = sample.value
+            continue
         kind = fams.classify(sample.name)
         if kind is None:
             continue
@@ -144,7 +156,7 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
             bad += 1  # an incomplete series (truncated page) would look like a restart: skip it
             continue
         series[key] = RawSeries(counts, tuple(sorted(created[key])))
-    return Page(series, bad)
+    return Page(series, bad, {k: v for k, v in gauges.items() if k in series})
 
 
 def _counts(vals: dict[str, float], per_pos: dict[int, float]) -> Counts | None:

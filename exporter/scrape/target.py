@@ -44,6 +44,7 @@ class TargetState:
         self.last_duration: float | None = None
         self.errors: Counter[str] = Counter()
         self.bad_lines = 0
+        self.gauges: dict[tuple[str, str], dict[str, float]] = {}  # the engine's own, last page
 
     def retarget(self, target: Target) -> None:
         """The same target (by name) reconfigured: its running totals go on."""
@@ -64,6 +65,7 @@ class TargetState:
         page = read_page(text, self.families)
         self.bad_lines += page.bad_lines
         restarted = self.store.feed(page)
+        self.gauges = page.gauges
         self.history.record(now, self.store.snapshot())
         if not page.series:
             raise ScrapeError("no_spec_metrics", f"no {self.families.lead}* counters on the page")

@@ -108,9 +108,20 @@ def test_family_types(targets):
         "specdec_target_up",
         "specdec_scrape_duration_seconds",
         "specdec_build_info",
+        "specdec_engine_reported_acceptance_length",  # the TensorRT-LLM target's own gauge
     }
     assert {n for n, f in families.items() if f.type == "counter"} == counters
     assert {n for n, f in families.items() if f.type == "gauge"} == gauges
+
+
+def test_the_engines_own_gauge_is_reported_as_it_is(targets):
+    _, samples = scrape(targets)
+    key = (
+        "specdec_engine_reported_acceptance_length",
+        labels(target="trt", model_name="llama", engine="0"),
+    )
+    assert samples[key] == 2.5
+    assert not [k for k in samples if k[0].endswith("reported_acceptance_length") and k != key]
 
 
 def test_counter_values_and_labels(targets):

@@ -363,3 +363,17 @@ def test_a_trtllm_that_drafted_nothing_yet_has_zero_steps_not_unknown():
     )
     (series,) = read_page(page, families("trtllm")).series.values()
     assert series.counts == Counts(0.0, 0.0, 0.0, ())
+
+
+def test_trtllms_acceptance_length_gauge_is_kept_as_a_gauge():
+    """The engine's own gauge is reported as it is, never read as a counter (no restart logic,
+    no windows): specdec_engine_reported_acceptance_length."""
+    labels = '{model_name="llama",engine_type="pytorch"}'
+    page = read_page(
+        f"trtllm_spec_decode_num_draft_tokens_total{labels} 30.0\n"
+        f"trtllm_spec_decode_num_accepted_tokens_total{labels} 12.0\n"
+        f"trtllm_spec_decode_acceptance_length{labels} 2.2\n",
+        families("trtllm"),
+    )
+    assert page.gauges == {("llama", ""): {"acceptance_length": 2.2}}
+    assert page.series[("llama", "")].counts == Counts(None, 30.0, 12.0, ())
