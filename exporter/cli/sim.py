@@ -8,7 +8,7 @@ import sys
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs
-from exporter.config import PROXY_ENGINES, ConfigError, from_flags
+from exporter.config import ENGINE_KINDS, ConfigError, from_flags
 from exporter.process import AddressInUse, check_free, run_until_stopped
 
 
@@ -65,7 +65,7 @@ def register(verbs: Verbs) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=PROXY_ENGINES,
+        choices=ENGINE_KINDS,
         default="vllm",
         help="whose wire shapes and metrics page to serve (default vllm): SGLang's sglext "
         "details, llama.cpp's timings and llamacpp:* page, TensorRT-LLM's page at "

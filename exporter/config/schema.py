@@ -24,8 +24,7 @@ from exporter.config.nodes import (
 )
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 
-PROXY_ENGINES = ("vllm", "sglang", "llamacpp", "trtllm")  # `proxy.engine:` what to ask it for
-ENGINE_KINDS = ("vllm", "llamacpp", "trtllm")  # a target's `engine:`: whose counter names
+ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "trtllm")  # a target's `engine:`: whose counter names
 DEFAULT_LISTEN = ("0.0.0.0", 10419)
 DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
 DEFAULT_INTERVAL = 1.0
@@ -183,8 +182,8 @@ class ProxyConfig:
     max_in_flight: int = setting(whole(1, 1_000_000), 512)  # requests upstream at once
     header_timeout: float = setting(Reader.seconds, 10.0)  # first byte -> a request's whole head
     idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive, and a stalled body
-    # the upstream's kind, when no target says it: SGLang is scraped by no target kind yet
-    engine: str | None = setting(one_of(PROXY_ENGINES, "an engine kind"), None)
+    # the upstream's kind, when no target says it (default: the fronted target's engine)
+    engine: str | None = setting(one_of(ENGINE_KINDS, "an engine kind"), None)
 
     @property
     def route_names(self) -> tuple[str, ...]:

@@ -19,12 +19,16 @@ class Counts:
 
     `per_position[i]` counts steps that accepted more than `i` drafts, so the positions sum to
     `accepted`. `drafts` is None for engines that do not count verify steps (TensorRT-LLM).
+    `generated` is set only for an engine that counts steps and generated tokens but neither
+    draft nor accepted tokens (SGLang's /metrics): its tokens per step are generated / drafts,
+    and its draft and accepted tokens stay 0 here and are never exported.
     """
 
     drafts: float | None = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
     per_position: tuple[float, ...] = ()
+    generated: float | None = None
 
     @property
     def rejected(self) -> float:
@@ -38,6 +42,7 @@ class Counts:
             tuple(
                 a + b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
             ),
+            _either(self.generated, other.generated, 1),
         )
 
     def __sub__(self, other: Counts) -> Counts:
@@ -48,6 +53,7 @@ class Counts:
             tuple(
                 a - b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
             ),
+            _either(self.generated, other.generated, -1),
         )
 
 
@@ -79,6 +85,12 @@ def _combine(a: float | None, b: float | None, sign: int) -> float | None:
     return None if a is None or b is None else a + sign * b
 
 
+def _either(a: float | None, b: float | None, sign: int) -> float | None:
+    """Generated tokens: counted by one engine kind only, so a missing side is zero (Counts()
+    is the zero of every kind)."""
+    return None if a is None and b is None else (a or 0.0) + sign * (b or 0.0)
+
+
 def total(items: list[Counts]) -> Counts:
     """Sum of `items` (empty sum: zero counts)."""
     result = Counts()
@@ -97,12 +109,15 @@ class Ratios:
 
 
 def ratios(counts: Counts) -> Ratios:
-    """acceptance = accepted / draft_tokens; tokens per step = 1 + accepted / drafts;
-    per-position = per_position[i] / drafts (P(accepted > i), not conditional)."""
+    """acceptance = accepted / draft_tokens; tokens per step = 1 + accepted / drafts (SGLang:
+    generated / drafts, its own definition); per-position = per_position[i] / drafts
+    (P(accepted > i), not conditional)."""
     acceptance = counts.accepted / counts.draft_tokens if counts.draft_tokens > 0 else None
     drafts = counts.drafts
     if drafts is None or drafts <= 0:
         return Ratios(acceptance, None, None)
+    if counts.generated is not None:
+        return Ratios(None, counts.generated / drafts, None)
     return Ratios(
         acceptance,
         1.0 + counts.accepted / drafts,

@@ -44,10 +44,15 @@ DEFAULT_WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
 
 
 class History(Generic[V]):
-    """Snapshots of running sums per key, kept as long as the longest window needs."""
+    """Snapshots of running sums per key, kept as long as the longest window needs.
 
-    def __init__(self, windows: Sequence[Window]) -> None:
+    `born_at_zero`: a key missing from the window's baseline began at zero after it (the
+    proxy's own route sums), so all of it falls in the window. Otherwise (an engine's lifetime
+    counters, first seen mid-life) it counts from its first snapshot."""
+
+    def __init__(self, windows: Sequence[Window], born_at_zero: bool = False) -> None:
         self.windows = tuple(windows)
+        self.born_at_zero = born_at_zero
         self._keep = max((w.seconds for w in self.windows), default=0.0)
         self._ring: deque[tuple[float, Mapping[Key, V]]] = deque()
 
@@ -66,6 +71,9 @@ class History(Generic[V]):
         result = {}
         for key, counts in end.items():
             base = start.get(key)
+            if base is None and self.born_at_zero:
+                result[key] = counts
+                continue
             if base is None:  # a series first seen inside the window: from its first snapshot
                 base = next(
                     (snap[key] for t, snap in self._ring if key in snap and t < end_t), None

@@ -83,35 +83,54 @@ class TargetCollector(Collector):
             position=True,
         )
         restarts = family("specdec_engine_restarts", "Engine restarts detected by the sidecar.")
+        generated = family(
+            "specdec_engine_generation_tokens",
+            "Tokens generated, for an engine that counts no draft or accepted tokens (SGLang): "
+            "its tokens per verify step are rate(this) / rate(specdec_drafts_total).",
+        )
         for state in self.targets:
             for (model_name, engine), totals in state.store.series.items():
                 labels = [state.target.name, model_name, engine]
                 counts = totals.counts
                 if counts.drafts is not None:
                     drafts.add_metric(labels, counts.drafts)
+                restarts.add_metric(labels, float(totals.restarts))
+                if counts.generated is not None:  # no draft or accepted tokens to export
+                    generated.add_metric(labels, counts.generated)
+                    continue
                 proposed.add_metric(labels, counts.draft_tokens)
                 accepted.add_metric(labels, counts.accepted)
                 rejected.add_metric(labels, totals.rejected)
                 for i, value in enumerate(counts.per_position):
                     per_pos.add_metric([*labels, str(i)], value)
-                restarts.add_metric(labels, float(totals.restarts))
         yield from (drafts, proposed, accepted, rejected, per_pos, restarts)
+        if generated.samples:
+            yield generated
 
     def _reported(self) -> Iterator[Metric]:
-        reported = GaugeMetricFamily(
+        """The engines' own gauges, as they report them (only families some engine fills)."""
+        length = GaugeMetricFamily(
             "specdec_engine_reported_acceptance_length",
-            "The engine's own acceptance-length gauge, as it reports it (TensorRT-LLM: "
-            "trtllm_spec_decode_acceptance_length, over its recent iterations, bonus token "
-            "included); not windowed, not restart-safe: a figure to compare, not to aggregate.",
+            "The engine's own acceptance-length gauge, as it reports it (TensorRT-LLM's "
+            "trtllm_spec_decode_acceptance_length, SGLang's sglang:spec_accept_length: recent "
+            "iterations, bonus token included); not windowed, not restart-safe: a figure to "
+            "compare, not to aggregate.",
+            labels=SERIES,
+        )
+        rate = GaugeMetricFamily(
+            "specdec_engine_reported_acceptance_ratio",
+            "The engine's own acceptance-rate gauge, as it reports it (SGLang's "
+            "sglang:spec_accept_rate: accepted / proposed drafts of its last logging interval).",
             labels=SERIES,
         )
         for state in self.targets:
             for (model_name, engine), values in state.gauges.items():
+                labels = [state.target.name, model_name, engine]
                 if "acceptance_length" in values:
-                    labels = [state.target.name, model_name, engine]
-                    reported.add_metric(labels, values["acceptance_length"])
-        if reported.samples:  # only engines that report one (no empty family for vLLM)
-            yield reported
+                    length.add_metric(labels, values["acceptance_length"])
+                if "acceptance_rate" in values:
+                    rate.add_metric(labels, values["acceptance_rate"])
+        yield from (f for f in (length, rate) if f.samples)
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*SERIES, "window"]

@@ -119,9 +119,10 @@ class Accounting:
         self.decode: dict[RouteKey, Decode] = {}
         self.ttft: dict[RouteKey, Buckets] = {}
         self.decode_rate: dict[RouteKey, Buckets] = {}
-        self.history: History[Counts] = History(windows)
-        self.decode_history: History[Decode] = History(windows)
-        self.moments_history: History[RequestMoments] = History(windows)
+        # the proxy's sums begin at zero: a route first seen in a window counts from zero
+        self.history: History[Counts] = History(windows, born_at_zero=True)
+        self.decode_history: History[Decode] = History(windows, born_at_zero=True)
+        self.moments_history: History[RequestMoments] = History(windows, born_at_zero=True)
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
@@ -130,9 +131,9 @@ class Accounting:
 
     def rewindow(self, windows: Sequence[Window]) -> None:
         """New rolling windows: they fill again from now; the counters are untouched."""
-        self.history = History(windows)
-        self.decode_history = History(windows)
-        self.moments_history = History(windows)
+        self.history = History(windows, born_at_zero=True)
+        self.decode_history = History(windows, born_at_zero=True)
+        self.moments_history = History(windows, born_at_zero=True)
 
     def label_model(self, name: str | None) -> str:
         """A model_name label value: served names as upstream reports them, bounded in number."""
@@ -212,7 +213,8 @@ class Accounting:
         whose counters carry no model_name (llama.cpp: one model per server) is every model's.
         """
         for model, engine in engine_by_model.items():
-            if engine.drafts is None or engine.drafts <= 0:
+            # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
+            if engine.drafts is None or engine.drafts <= 0 or engine.generated is not None:
                 continue
 
             def served(key: RouteKey, model: str = model) -> bool:

@@ -1,9 +1,12 @@
 """Which metric families carry speculative-decoding counters, per serving engine.
 
 vLLM V1 (and its re-labelled copies under KServe or Ray), the llama.cpp server and
-TensorRT-LLM count the same things under different names. A `EngineFamilies` maps them to
-the four roles the sidecar derives from: drafts (verify steps), draft tokens, accepted tokens
-and accepted tokens per draft position.
+TensorRT-LLM count the same things under different names. SGLang counts only verify calls
+(`sglang:spec_verify_calls_total`, 0.5.13+) and generation tokens: its tokens per step come from
+those two (its own definition: the prefill's token included), its acceptance only from gauges,
+which are kept as gauges (`EngineFamilies.gauges`), as TensorRT-LLM's acceptance length is.
+An `EngineFamilies` maps them to the four roles the sidecar derives from: drafts (verify
+steps), draft tokens, accepted tokens and accepted tokens per draft position.
 
 TensorRT-LLM counts no verify steps, but its per-position counters (`token_position`, 0-based;
 a position's series appears once it was first drafted) hold them: every step drafts position
@@ -19,7 +22,12 @@ from exporter.config import ENGINE_KINDS
 from exporter.core.counts import Counts
 from exporter.scrape.exposition import scan
 
-DEFAULT_PREFIX = {"vllm": "vllm:", "llamacpp": "llamacpp:", "trtllm": "trtllm_"}
+DEFAULT_PREFIX = {
+    "vllm": "vllm:",
+    "sglang": "sglang:",
+    "llamacpp": "llamacpp:",
+    "trtllm": "trtllm_",
+}
 
 
 class Role(StrEnum):
@@ -28,6 +36,7 @@ class Role(StrEnum):
     ACCEPTED = "accepted"
     PER_POSITION = "per_position"
     DRAFTED_PER_POSITION = "drafted_per_position"  # TensorRT-LLM: position 0 = the steps
+    GENERATED = "generated"  # SGLang: generation tokens, with its verify calls the steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,17 @@ def families(kind: str, prefix: str | None = None) -> EngineFamilies:
     """The families of engine `kind` under `prefix` (the kind's own prefix when None)."""
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")
+    if kind == "sglang":
+        lead = DEFAULT_PREFIX[kind] if prefix is None else prefix
+        roles = {
+            lead + "spec_verify_calls": Role.DRAFTS,
+            lead + "generation_tokens": Role.GENERATED,
+        }
+        gauges: tuple[tuple[str, str], ...] = (
+            (lead + "spec_accept_length", "acceptance_length"),
+            (lead + "spec_accept_rate", "acceptance_rate"),
+        )
+        return EngineFamilies(kind, lead, roles, gauges=gauges)
     base = (DEFAULT_PREFIX[kind] if prefix is None else prefix) + "spec_decode_"
     if kind == "trtllm":
         names = {
@@ -141,18 +161,23 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
             (drafted if role is Role.DRAFTED_PER_POSITION else positions)[key][position] = (
                 sample.value
             )
+        elif fams.kind == "sglang":  # summed over its other labels (is_streaming, custom ones)
+            values[key][role] = values[key].get(role, 0.0) + sample.value
         else:
             values[key][role] = sample.value
     series = {}
     for key, vals in values.items():
         if key in broken:  # counted above; the rest would pass a bad last position off as k-1
             continue
-        counts = (
-            _trtllm(vals, positions[key], drafted[key])
-            if fams.kind == "trtllm"
-            else _counts(vals, positions[key])
-        )
-        if counts is None:
+        if fams.kind == "sglang":
+            if Role.DRAFTS not in vals:  # generation tokens alone: speculation is off
+                continue
+            counts: Counts | None = Counts(vals[Role.DRAFTS], generated=vals.get(Role.GENERATED))
+        elif fams.kind == "trtllm":
+            counts = _trtllm(vals, positions[key], drafted[key])
+        else:
+            counts = _counts(vals, positions[key])
+        if counts is None or (fams.kind == "sglang" and counts.generated is None):
             bad += 1  # an incomplete series (truncated page) would look like a restart: skip it
             continue
         series[key] = RawSeries(counts, tuple(sorted(created[key])))

@@ -70,6 +70,8 @@ def is_restart(before: RawSeries, after: RawSeries) -> bool:
         return True
     if a.drafts is not None and b.drafts is not None and a.drafts < b.drafts:
         return True
+    if a.generated is not None and b.generated is not None and a.generated < b.generated:
+        return True
     if any(x < y for x, y in zip(a.per_position, b.per_position, strict=False)):
         return True
     stamps = dict(before.created)

@@ -126,38 +126,45 @@ def _number(value: float) -> str:
 
 
 def _sglang(values: Values, metrics: EngineMetrics) -> Iterator[Metric]:
-    labels = ["model_name"]
+    """SGLang 0.5.18+: generation tokens split by `is_streaming` (the sidecar sums them), the
+    verify calls under the tokenizer's labels, the gauges under the scheduler's."""
     tokens = CounterMetricFamily(
-        "sglang:generation_tokens", "Number of generation tokens processed.", labels=labels
+        "sglang:generation_tokens",
+        "Number of generation tokens processed.",
+        labels=["model_name", "is_streaming"],
     )
     for (model,), v in _by(values, "vllm:generation_tokens_total", "model_name").items():
-        tokens.add_metric([model], v)
+        half = float(int(v) // 2)  # a split, each side monotonic: only the sum means anything
+        tokens.add_metric([model, "true"], v - half, created=metrics.started)
+        tokens.add_metric([model, "false"], half, created=metrics.started)
     yield tokens
     if metrics.spec_counters is None:
         return
     verify = CounterMetricFamily(
         "sglang:spec_verify_calls",
         "The number of speculative decoding verification calls.",
-        labels=labels,
+        labels=["model_name"],
     )
     for (model,), v in _by(values, _spec("drafts"), "model_name").items():
-        verify.add_metric([model], v)
+        verify.add_metric([model], v, created=metrics.started)
     yield verify
+    scheduler = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
     accepted, drafted = metrics.last_step
-    length = GaugeMetricFamily(
-        "sglang:spec_accept_length",
-        "The average acceptance length of speculative decoding.",
-        labels=labels,
-    )
-    rate = GaugeMetricFamily(
-        "sglang:spec_accept_rate",
-        "The average acceptance rate of speculative decoding.",
-        labels=labels,
-    )
-    length.add_metric([metrics.model], accepted + 1.0 if drafted else 0.0)
-    rate.add_metric([metrics.model], accepted / drafted if drafted else 0.0)
-    yield length
-    yield rate
+    for name, doc, value in (
+        (
+            "spec_accept_length",
+            "The average acceptance length of speculative decoding.",
+            accepted + 1.0 if drafted else 0.0,
+        ),
+        (
+            "spec_accept_rate",
+            "The average acceptance rate of speculative decoding.",
+            accepted / drafted if drafted else 0.0,
+        ),
+    ):
+        gauge = GaugeMetricFamily(f"sglang:{name}", doc, labels=scheduler)
+        gauge.add_metric([metrics.model, "unified", "0", "0", "0"], value)
+        yield gauge
 
 
 # ---------------------------------------------------------------- TensorRT-LLM

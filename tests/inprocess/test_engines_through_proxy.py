@@ -18,10 +18,11 @@ import aiohttp
 
 from exporter.core.counts import total
 from exporter.scrape.families import families, read_page
-from tests.helpers import samples
+from tests.helpers import eventually, samples
 from tests.inprocess.test_proxy_accounting import (
     apportioned,
     mixed_traffic,
+    promtool_clean,
     route_counts,
     truth,
 )
@@ -40,7 +41,7 @@ def value(found: dict[Any, float], name: str) -> float:
 async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
     async with (
         simulator(dialect="sglang") as (_, upstream),
-        sidecar(upstream, engine="sglang") as (side, proxy, metrics),
+        sidecar(upstream, kind="sglang") as (side, proxy, metrics),
     ):
         await mixed_traffic(
             proxy, seed=5, return_spec_tokens_details=[None, True, False], n=[None, None, 2]
@@ -48,11 +49,30 @@ async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
         routes = await route_counts(metrics, "exact")
         real = await truth(upstream)
         engine = await page(upstream)
+        verify = value(engine, "sglang:spec_verify_calls_total")
+        generated = value(engine, "sglang:generation_tokens_total")
+
+        async def scraped() -> dict[Any, float] | None:
+            """The sidecar's read of SGLang's page, once it saw all the traffic, and the routes'
+            share of its verify calls over 1m once the next tick took the routes in."""
+            found = await page(metrics.removesuffix("/metrics"))
+            coverage = found.get(
+                ("specdec_attribution_coverage_ratio", (("target", "sim"), ("window", "1m")))
+            )
+            whole = value(found, "specdec_drafts_total") == verify and coverage == 1.0
+            return found if whole else None
+
+        sidecar_page = await eventually(scraped, timeout=10)
+        await promtool_clean(metrics)
     assert routes["voice_chat"] == real["ja_chat"] and routes["coding_agent"] == real["code_agent"]
     both = routes["voice_chat"] + routes["coding_agent"]
-    assert both.drafts == value(engine, "sglang:spec_verify_calls_total") > 1000
-    assert side.proxy is not None and side.proxy.engine == "sglang"
+    assert both.drafts == verify > 1000
+    assert side.proxy is not None and side.proxy.engine == "sglang"  # from the target's kind
     assert sum(side.proxy.accounting.requests.values()) == 200
+    # the sidecar's view of SGLang's own counters: steps and tokens, no token counts it lacks
+    assert value(sidecar_page, "specdec_engine_generation_tokens_total") == generated
+    assert not [k for k in sidecar_page if k[0] == "specdec_draft_tokens_total"]
+    assert [k for k in sidecar_page if k[0] == "specdec_engine_reported_acceptance_ratio"]
 
 
 async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_server() -> None:

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.counts import Counts, ratios
+from exporter.core.counts import Counts, Ratios, ratios
 from exporter.scrape.families import MAX_POSITIONS, MAX_SERIES, Role, families, read_page
+from exporter.scrape.totals import RunningTotals
 
 from .pages import (
     BASE_ACCEPTED,
@@ -191,8 +192,8 @@ def test_trtllm_positions_with_a_gap_are_refused():
 
 
 def test_unknown_engine_kind():
-    with pytest.raises(ValueError, match="unknown engine 'sglang'"):
-        families("sglang")
+    with pytest.raises(ValueError, match="unknown engine 'tgi'"):
+        families("tgi")
 
 
 def test_unknown_families_under_the_lead_are_ignored():
@@ -377,3 +378,50 @@ def test_trtllms_acceptance_length_gauge_is_kept_as_a_gauge():
     )
     assert page.gauges == {("llama", ""): {"acceptance_length": 2.2}}
     assert page.series[("llama", "")].counts == Counts(None, 30.0, 12.0, ())
+
+
+SGLANG_PAGE = """\
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{{is_streaming="true",model_name="qwen"}} {streamed}
+sglang:generation_tokens_total{{is_streaming="false",model_name="qwen"}} {whole}
+# HELP sglang:spec_verify_calls_total The number of speculative decoding verification calls.
+# TYPE sglang:spec_verify_calls_total counter
+sglang:spec_verify_calls_total{{model_name="qwen"}} {verify}
+# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{{{ranks}}} 2.5
+# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding.
+# TYPE sglang:spec_accept_rate gauge
+sglang:spec_accept_rate{{{ranks}}} 0.5
+""".replace(
+    "{ranks}", 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+)
+
+
+def test_sglang_gives_steps_and_generated_tokens_and_keeps_its_gauges():
+    page = read_page(SGLANG_PAGE.format(streamed=700, whole=300, verify=400), families("sglang"))
+    assert page.bad_lines == 0
+    counts = page.series[("qwen", "")].counts
+    assert counts == Counts(400.0, 0.0, 0.0, (), generated=1000.0)
+    assert ratios(counts) == Ratios(None, 2.5, None)  # tokens per step, no acceptance
+    assert page.gauges == {("qwen", ""): {"acceptance_length": 2.5, "acceptance_rate": 0.5}}
+
+
+def test_sglang_without_verify_calls_is_speculation_off():
+    only_tokens = "\n".join(
+        line
+        for line in SGLANG_PAGE.format(streamed=7, whole=3, verify=0).splitlines()
+        if "generation_tokens" in line
+    )
+    assert read_page(only_tokens + "\n", families("sglang")).series == {}
+
+
+def test_an_sglang_restart_is_seen_in_its_generated_tokens_too():
+    store = RunningTotals()
+    fams = families("sglang")
+    store.feed(read_page(SGLANG_PAGE.format(streamed=700, whole=300, verify=400), fams))
+    # the verify calls grew past the old value, the tokens did not: a restart in between
+    restarted = store.feed(read_page(SGLANG_PAGE.format(streamed=50, whole=50, verify=450), fams))
+    assert restarted == [("qwen", "")]
+    assert store.series[("qwen", "")].counts.generated == 1100.0

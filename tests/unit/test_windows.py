@@ -303,3 +303,16 @@ def test_stale_target_loses_its_gauges_after_the_window():
     names = {k[0] for k in gauges(state, 181.0)}  # the target stopped answering at 120
     assert "specdec_acceptance_ratio" not in names
     assert "specdec_mean_acceptance_length" not in names
+
+
+def test_a_series_born_at_zero_inside_the_window_counts_whole():
+    """The proxy's route sums start at zero: a route first seen mid-window did all its work in
+    the window (an engine's lifetime counters first seen mid-life count from that sight)."""
+    window = Window("1m", 60.0)
+    key = ("voice_chat", "m")
+    for born_at_zero, want in ((True, 30.0), (False, 10.0)):
+        history: History[Counts] = History([window], born_at_zero=born_at_zero)
+        history.record(0.0, {})
+        history.record(10.0, {key: Counts(20.0, 60.0, 30.0)})
+        history.record(20.0, {key: Counts(30.0, 90.0, 45.0)})
+        assert history.increase(window, 20.0)[key].drafts == want
