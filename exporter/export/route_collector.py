@@ -57,7 +57,9 @@ class RouteCollector(Collector):
             "specdec_route_requests_without_spec_metrics",
             "Completed (200) requests with no exact per-request counts, left to estimates, by "
             "reason: n_above_1 (vLLM sends none for n > 1), not_sent (the engine's per-request "
-            "flag is off, or something upstream strips the object), unknown_shape.",
+            "flag is off, or something upstream strips the object), unknown_shape, tokens_only "
+            "(llama.cpp: its own draft and accepted tokens, steps estimated), engine_sends_none "
+            "(TensorRT-LLM).",
             labels=[*ROUTE, "reason"],
         )
         for reason_labels, n in sorted(acc.without_exact.items()):

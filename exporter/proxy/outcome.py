@@ -39,6 +39,11 @@ def request_outcome(
     # llama.cpp: on the finish event, or on the usage event when the stream asked for usage
     timings = (tap.timings if tap is not None else None) or doc.get("timings")
     timings = timings if isinstance(timings, dict) else {}
+    drafted = _drafted(timings) if exact is None else None
+    if without == accounting.NOT_SENT and drafted is not None:
+        without = accounting.TOKENS_ONLY  # partly exact: its tokens, not its steps
+    elif without == accounting.NOT_SENT and engine == "trtllm":
+        without = accounting.ENGINE_SENDS_NONE
     ttft = decode = None
     if tap is not None and tap.first_content_at is not None:
         ttft = tap.first_content_at - started
@@ -54,7 +59,7 @@ def request_outcome(
         ttft=ttft,
         decode_seconds=decode,
         exact=exact,
-        drafted=_drafted(timings) if exact is None else None,
+        drafted=drafted,
         without_exact=without,
         increments=tuple(tap.increments) if tap is not None else (),
         finish_reason=accounting.finish_label(finish),

@@ -85,10 +85,12 @@ async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_s
         server = read_page(await _text(upstream), families("llamacpp"))
         engine = total([s.counts for s in server.series.values()])
         routes = await apportioned(metrics, engine)
+        final = await page(metrics.removesuffix("/metrics"))
     for route, profile in (("voice_chat", "ja_chat"), ("coding_agent", "code_agent")):
         assert routes[route].draft_tokens == real[profile].draft_tokens
         assert routes[route].accepted == real[profile].accepted
     assert engine.draft_tokens > 1000
+    assert reasons(final) == {"tokens_only": 200.0}  # partly exact, and labelled so
 
 
 async def test_trtllm_estimates_sum_to_its_counters() -> None:
@@ -100,11 +102,23 @@ async def test_trtllm_estimates_sum_to_its_counters() -> None:
         server = read_page(await _text(upstream, "/prometheus/metrics"), families("trtllm"))
         engine = total([s.counts for s in server.series.values()])
         routes = await apportioned(metrics, engine)
+        final = await page(metrics.removesuffix("/metrics"))
     # estimates: only the sums are exact; the routes still differ as their workloads do
     assert engine.drafts is not None and engine.drafts > 300
+    assert reasons(final) == {"engine_sends_none": 200.0}
     assert routes["voice_chat"].accepted / routes["voice_chat"].draft_tokens < (
         routes["coding_agent"].accepted / routes["coding_agent"].draft_tokens
     )
+
+
+def reasons(found: dict[Any, float]) -> dict[str, float]:
+    """specdec_route_requests_without_spec_metrics_total by reason, summed over routes."""
+    out: dict[str, float] = {}
+    for (name, labels), v in found.items():
+        if name == "specdec_route_requests_without_spec_metrics_total":
+            reason = dict(labels)["reason"]
+            out[reason] = out.get(reason, 0.0) + v
+    return out
 
 
 async def _text(upstream: str, path: str = "/metrics") -> str:
