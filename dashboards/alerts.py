@@ -104,11 +104,13 @@ def acceptance_collapsed(mix: Mixin) -> dict[str, Any]:
 
 def silently_off(mix: Mixin) -> dict[str, Any]:
     """Traffic without drafts, seen three ways: a route's tokens (the proxy), vLLM's tokens,
-    and TensorRT-LLM's completed requests on a model that drafted before (its
-    acceptance_rate_threshold gate turns speculation off for good; it counts no tokens)."""
+    and TensorRT-LLM's finished requests on a model that drafted before (its
+    acceptance_rate_threshold gate turns speculation off for good; it counts no tokens, and
+    its draft counters are per position in some releases, in total in others: either)."""
     vllm = f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
     trt = f"{{{mix.trtllm_selector}}}" if mix.trtllm_selector else ""
-    drafted = f"trtllm_spec_decode_num_draft_tokens_total{trt}"
+    names = '__name__=~"trtllm_spec_decode_(num_draft_tokens|drafted_tokens)_total"'
+    drafted = f"{{{names}{', ' + mix.trtllm_selector if mix.trtllm_selector else ''}}}"
     return _alert(
         mix,
         "SpecDecodeSilentlyOff",
@@ -118,13 +120,13 @@ def silently_off(mix: Mixin) -> dict[str, Any]:
         f"(sum by (model_name) (rate(vllm:generation_tokens_total{vllm}[10m])) > 0\n"
         f" unless on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0)\n"
         "or\n"
-        f"(sum by (model_name) (rate(trtllm_num_requests_completed_total{trt}[10m])) > 0\n"
+        f"(sum by (model_name) (rate(trtllm_request_success_total{trt}[10m])) > 0\n"
         f" and on (model_name) sum by (model_name) ({drafted}) > 0\n"
         f" unless on (model_name) sum by (model_name) (rate({drafted}[10m])) > 0)",
         mix.for_.silently_off,
         "warning",
         "Requests are served but no drafts are made ({{ $labels.model_name }})",
-        "{{ $labels.model_name }} serves {{ $value | humanize }}/s (tokens; completed requests on "
+        "{{ $labels.model_name }} serves {{ $value | humanize }}/s (tokens; finished requests on "
         "TensorRT-LLM) and proposes no draft tokens: speculative decoding is off (TensorRT-LLM turns "
         "it off by itself when acceptance falls below acceptance_rate_threshold), or its drafter "
         "finds nothing to propose.",

@@ -10,8 +10,10 @@ TensorRT-LLM's collector.py (the sources ENGINE_FACTS and docs/metrics.md name):
 - SGLang: `sglang:spec_verify_calls_total` and `sglang:generation_tokens_total` (counters),
   `sglang:spec_accept_length` / `sglang:spec_accept_rate` (gauges of the last step);
 - TensorRT-LLM: `trtllm_spec_decode_*` token counters, the per-position drafted and accepted
-  counters (`token_position`), `trtllm_num_requests_completed_total`, the acceptance-length
-  gauge; labels `model_name`, `engine_type`.
+  counters (`token_position`; a position's series once it was drafted, as its collector.py
+  counts per request), `trtllm_request_success_total{finished_reason}`,
+  `trtllm_num_requests_completed_total`, the acceptance-length gauge; labels `model_name`,
+  `engine_type`.
 """
 
 from __future__ import annotations
@@ -173,6 +175,14 @@ def _sglang(values: Values, metrics: EngineMetrics) -> Iterator[Metric]:
 def _trtllm(values: Values, metrics: EngineMetrics) -> Iterator[Metric]:
     labels = ["model_name", "engine_type"]
     key = [metrics.model, "pytorch"]
+    success = CounterMetricFamily(
+        "trtllm_request_success",
+        "Count of successfully processed requests.",
+        labels=[*labels, "finished_reason"],
+    )
+    for (reason,), v in _by(values, "vllm:request_success_total", "finished_reason").items():
+        success.add_metric([*key, reason], v)
+    yield success
     done = CounterMetricFamily(
         "trtllm_num_requests_completed", "Total completed requests", labels=labels
     )
@@ -189,7 +199,7 @@ def _trtllm(values: Values, metrics: EngineMetrics) -> Iterator[Metric]:
         yield family
     drafted = CounterMetricFamily(
         "trtllm_spec_decode_drafted_tokens",
-        "Drafted tokens per position",
+        "Total drafted tokens per speculative decoding position.",
         labels=[*labels, "token_position"],
     )
     for place, count in sorted(metrics.drafted_per_position.items()):
@@ -197,7 +207,7 @@ def _trtllm(values: Values, metrics: EngineMetrics) -> Iterator[Metric]:
     yield drafted
     accepted = CounterMetricFamily(
         "trtllm_spec_decode_accepted_tokens",
-        "Accepted tokens per position",
+        "Total accepted tokens per speculative decoding position.",
         labels=[*labels, "token_position"],
     )
     per_pos = _by(values, _spec("accepted_tokens_per_pos"), "position")
