@@ -143,7 +143,9 @@ class StreamTap:
         self.usage = usage
 
     def _spec_details(self, doc: dict[str, Any] | None) -> None:
-        self.spec_details = sglext.details(doc)
+        found = sglext.details(doc)
+        if found is not None:  # an `event: sglext_ids` frame after it carries ids only
+            self.spec_details = found
 
     def _finish(self, event: bytes, begin: int) -> None:
         self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -134,3 +135,42 @@ def test_llama_cpp_timings_are_read_from_the_finish_event_and_passed_on() -> Non
     tap = StreamTap()
     assert feed(tap, stream, [7, 300]) == stream
     assert tap.timings == timings and tap.finish_reason == "stop"
+
+
+SGLANG = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23-wire.json").read_text("utf-8")
+)
+SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_DETAILS, SGL_USAGE = (
+    SGLANG[name].encode()
+    for name in (
+        "chat first chunk",
+        "chat content chunk",
+        "chat finish chunk",
+        "chat sglext chunk",
+        "chat usage chunk",
+    )
+)
+# SGLang's ids in their own named frame (`x-sglext-ids-framed: 1`): after the details' chunk
+SGL_IDS = (
+    b'event: sglext_ids\ndata: {"id":"d1f2c3","object":"chat.completion.chunk","created":'
+    b'1767225600,"model":"qwen","choices":[],"usage":null,"sglext":{"input_ids":[1,2,3]}}\n\n'
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0), max_size=12))
+def test_sglang_details_and_usage_the_proxy_asked_for_are_removed(cuts: list[int]) -> None:
+    """SGLang's own bytes (serialized by its 0.5.23 classes), at any read boundaries: what the
+    proxy added goes, the details are read, the ids frame passes as SGLang sent it."""
+    stream = b"".join([SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_DETAILS, SGL_IDS, SGL_USAGE, DONE])
+    tap = StreamTap(strip_usage_event=True, strip_spec_details=True)
+    assert feed(tap, stream, cuts) == b"".join([SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_IDS, DONE])
+    assert isinstance(tap.spec_details, dict) and tap.spec_details["spec_verify_ct"] == 7
+    assert tap.usage is not None and tap.usage["usage"]["completion_tokens"] == 20
+
+
+def test_sglang_details_the_client_asked_for_pass_unchanged() -> None:
+    stream = b"".join([SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_DETAILS, SGL_USAGE, DONE])
+    tap = StreamTap(strip_usage_event=False, strip_spec_details=False)
+    assert feed(tap, stream, []) == stream
+    assert isinstance(tap.spec_details, dict)
