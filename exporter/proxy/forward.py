@@ -2,10 +2,10 @@
 accounts completions to their route from vLLM's per-request speculative-decoding object.
 
 Transparent: the client gets the status, end-to-end headers and body bytes vLLM sent (SSE
-event by event, as soon as each is complete). For streams that did not ask for usage the
-proxy asks for it upstream and removes the extra usage event on the way back. Never an open
-proxy: absolute-URI and CONNECT requests are refused; only the configured upstream is reached.
-A client that hangs up cancels the upstream request, so vLLM aborts it.
+event by event, as soon as each is complete). What the proxy asks upstream for beyond the
+client's request (`ask.py`: vLLM's usage, SGLang's details) is removed on the way back. Never
+an open proxy: absolute-URI and CONNECT requests are refused; only the configured upstream is
+reached. A client that hangs up cancels the upstream request, so vLLM aborts it.
 
 Never the product's outage: routing, the stream tap's observations and accounting run beside
 the byte path, and an exception in them is counted (`Faults`) while the bytes go on as vLLM
@@ -29,6 +29,7 @@ from exporter.config import ProxyConfig
 from exporter.core.faults import Faults
 from exporter.proxy import sglext
 from exporter.proxy.accounting import Accounting
+from exporter.proxy.ask import ask
 from exporter.proxy.connection import ClientConnection
 from exporter.proxy.framing import Head
 from exporter.proxy.outcome import request_outcome, spec_object
@@ -57,12 +58,6 @@ HOP_BY_HOP = frozenset(
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
-}
-_INJECTED = {  # what `_inject` splices into a stream request that set no stream_options
-    continuous: json.dumps(
-        {"stream_options": {"include_usage": True, "continuous_usage_stats": continuous}}
-    ).encode()[1:]
-    for continuous in (False, True)
 }
 
 
@@ -227,16 +222,17 @@ class Proxy:
             target = target if target.startswith("/") else "/" + target
         if method != "POST" or match.path not in COMPLETIONS or parsed is None:
             return _Plan(match.route, target, body)
-        strip: tuple[bool, bool] | None = None
-        strip_spec = False
-        if self.engine == "sglang" and parsed.get(sglext.FLAG) is not True:
-            body, strip_spec = _with_key(body, parsed, sglext.FLAG, True), True
-        if parsed.get("stream") is True:
-            # llama.cpp moves its timings into the usage chunk when asked for one: never ask
-            asks = self.engine != "llamacpp"
-            body, strip = self._inject(parsed, body) if asks else (body, (False, False))
+        asked = ask(parsed, body, self.engine, self.objects_missing)
         single = (parsed.get("n") or 1) == 1
-        return _Plan(match.route, target, body, strip, COMPLETIONS[match.path], single, strip_spec)
+        return _Plan(
+            match.route,
+            target,
+            asked.body,
+            asked.strip,
+            COMPLETIONS[match.path],
+            single,
+            asked.strip_spec,
+        )
 
     def _shed(self, writer: ResponseWriter, limit: str) -> None:
         """Past a limit: vLLM's 503 shape, a Retry-After, the connection closed after it."""
@@ -250,30 +246,6 @@ class Proxy:
             "ServiceUnavailableError",
             retry_after=1,
         )
-
-    def _inject(self, parsed: dict[str, Any], body: bytes) -> tuple[bytes, tuple[bool, bool]]:
-        """Ask upstream for what accounting needs; say what the tap must remove on the way
-        back (the usage event, the per-event usage fields)."""
-        options = parsed.get("stream_options")
-        options = dict(options) if isinstance(options, dict) else {}
-        usage, continuous = (
-            bool(options.get("include_usage")),
-            bool(options.get("continuous_usage_stats")),
-        )
-        # token increments for estimates when vLLM sends no per-request object (n == 1 only);
-        # SGLang's details come without: its usage fields are left as the client asked
-        want_continuous = continuous or (
-            self.objects_missing and self.engine != "sglang" and (parsed.get("n") or 1) == 1
-        )
-        # vLLM sends per-chunk usage only with both options: what the client did not get
-        # directly, it must not get through the proxy
-        strip = (not usage, want_continuous and not (usage and continuous))
-        if "stream_options" not in parsed:  # the common case: the member is ready-made
-            body = _splice(body, parsed, _INJECTED[want_continuous])
-        elif not usage or want_continuous != continuous:
-            options |= {"include_usage": True, "continuous_usage_stats": want_continuous}
-            body = _with_key(body, parsed, "stream_options", options)
-        return body, strip
 
     def _account(
         self,
@@ -405,20 +377,6 @@ class _Call:
         except Exception as exc:
             proxy.faults.record("accounting", exc)
         self.account = None
-
-
-def _with_key(body: bytes, parsed: dict[str, Any], key: str, value: Any) -> bytes:
-    """`body` (the JSON object `parsed`) with `key` set to `value`."""
-    if key in parsed:
-        return json.dumps({**parsed, key: value}).encode()
-    return _splice(body, parsed, json.dumps({key: value}).encode()[1:])  # '"key": {...}}'
-
-
-def _splice(body: bytes, parsed: dict[str, Any], member: bytes) -> bytes:
-    """A new member ('"key": value}') before the closing brace of `body`, a JSON object
-    (`parsed`) and so ending in "}": re-encoding a long agent prompt would cost more than the
-    rest of the hop."""
-    return body.rstrip()[:-1] + (b"," if parsed else b"") + member
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

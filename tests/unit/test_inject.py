@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.proxy.forward import _with_key
+from exporter.proxy.ask import with_key
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -29,6 +29,6 @@ def test_the_body_is_the_object_plus_the_key(
 ) -> None:
     body = (json.dumps(obj, indent=indent, ensure_ascii=ascii_only) + trailing).encode()
     value = {"include_usage": True, "continuous_usage_stats": False}
-    got = json.loads(_with_key(body, json.loads(body), "stream_options", value))
+    got = json.loads(with_key(body, json.loads(body), "stream_options", value))
     assert got == {**obj, "stream_options": value}
     assert list(got)[-1] == "stream_options" or "stream_options" in obj
