@@ -128,13 +128,13 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
     drafted: dict[SeriesKey, dict[int, float]] = {}  # TensorRT-LLM's drafted tokens per position
     created: dict[SeriesKey, list[tuple[str, float]]] = {}
     broken: set[SeriesKey] = set()  # a bad sample leaves its series incomplete
-    gauges: dict[SeriesKey, dict[str, float]] = {}
+    gauges: dict[SeriesKey, dict[str, list[float]]] = {}  # every rank's value, averaged below
     own = dict(fams.gauges)
     for sample in found.samples:
         if sample.name in own and sample.value == sample.value:  # NaN: nothing reported
             labels = dict(sample.labels)
             key = (labels.get("model_name", ""), labels.get("engine", ""))
-            gauges.setdefault(key, {})[own[sample.name]] = sample.value
+            gauges.setdefault(key, {}).setdefault(own[sample.name], []).append(sample.value)
             continue
         kind = fams.classify(sample.name)
         if kind is None:
@@ -181,7 +181,13 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
             bad += 1  # an incomplete series (truncated page) would look like a restart: skip it
             continue
         series[key] = RawSeries(counts, tuple(sorted(created[key])))
-    return Page(series, bad, {k: v for k, v in gauges.items() if k in series})
+    # one figure per series: the mean over the scheduler ranks (SGLang: tp/pp/dp) that report it
+    means = {
+        key: {name: sum(vs) / len(vs) for name, vs in found.items()}
+        for key, found in gauges.items()
+        if key in series
+    }
+    return Page(series, bad, means)
 
 
 def _counts(vals: dict[str, float], per_pos: dict[int, float]) -> Counts | None:

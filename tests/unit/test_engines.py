@@ -408,6 +408,14 @@ def test_sglang_gives_steps_and_generated_tokens_and_keeps_its_gauges():
     assert page.gauges == {("qwen", ""): {"acceptance_length": 2.5, "acceptance_rate": 0.5}}
 
 
+def test_sglang_gauges_of_several_ranks_are_averaged():
+    ranks = 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0"'
+    page = SGLANG_PAGE.format(streamed=1, whole=1, verify=1)
+    page += f'sglang:spec_accept_rate{{{ranks},tp_rank="1",dp_rank="1"}} 0.7\n'
+    gauges = read_page(page, families("sglang")).gauges
+    assert gauges[("qwen", "")]["acceptance_rate"] == pytest.approx(0.6)
+
+
 def test_sglang_without_verify_calls_is_speculation_off():
     only_tokens = "\n".join(
         line
