@@ -142,7 +142,8 @@ class TargetCollector(Collector):
         )
         length = GaugeMetricFamily(
             "specdec_mean_acceptance_length",
-            "Tokens per verify step over the window: 1 + accepted / drafts (vLLM's definition).",
+            "Tokens per verify step over the window: 1 + accepted / drafts (vLLM's definition; "
+            "SGLang: generated tokens / verify calls, its own).",
             labels=labels,
         )
         position = GaugeMetricFamily(
