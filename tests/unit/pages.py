@@ -116,3 +116,23 @@ def shift_created(text: str, seconds: float) -> str:
 def drop_lines(text: str, predicate: Callable[[str], bool]) -> str:
     """Remove the lines for which predicate(line) is true."""
     return "".join(line for line in text.splitlines(keepends=True) if not predicate(line))
+
+
+# SGLang (0.5.18+): generation tokens by is_streaming, verify calls, the scheduler's gauges
+SGLANG_PAGE = """\
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{{is_streaming="true",model_name="qwen"}} {streamed}
+sglang:generation_tokens_total{{is_streaming="false",model_name="qwen"}} {whole}
+# HELP sglang:spec_verify_calls_total The number of speculative decoding verification calls.
+# TYPE sglang:spec_verify_calls_total counter
+sglang:spec_verify_calls_total{{model_name="qwen"}} {verify}
+# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{{{ranks}}} 2.5
+# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding.
+# TYPE sglang:spec_accept_rate gauge
+sglang:spec_accept_rate{{{ranks}}} 0.5
+""".replace(
+    "{ranks}", 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+)

@@ -12,7 +12,7 @@ import pytest
 from exporter.scrape.derive import delta, report, to_table
 from exporter.scrape.families import families
 
-from .pages import MODEL, bump, four_engines, one_engine, set_counts, shift_created
+from .pages import MODEL, SGLANG_PAGE, bump, four_engines, one_engine, set_counts, shift_created
 
 SERIES_KEYS = {
     "model_name",
@@ -284,3 +284,20 @@ def test_swapped_files_warn_that_they_were_taken_as_a_restart(tmp_path):
     assert json.loads(proc.stdout)["total"]["drafts"] > 0
     calm = derive(tmp_path, one_engine(), later, "--json")
     assert calm.returncode == 0 and calm.stderr == ""
+
+
+def test_an_sglang_delta_has_steps_and_tokens_per_step_and_no_token_counts() -> None:
+    """SGLang's page counts verify calls and generated tokens only: its draft and accepted
+    tokens are unknown (null), not zero; tokens per step are its own generated / steps."""
+    before = SGLANG_PAGE.format(streamed=700, whole=300, verify=400)
+    after = SGLANG_PAGE.format(streamed=1700, whole=800, verify=1000)
+    doc = report(delta(before, after, families("sglang")).series)
+    assert doc["total"] | {"model_name": None} == {
+        "model_name": None,
+        "drafts": 600.0,
+        "draft_tokens": None,
+        "accepted_tokens": None,
+        "acceptance_rate": None,
+        "mean_acceptance_length": 2.5,
+        "per_position": None,
+    }

@@ -19,6 +19,7 @@ from .pages import (
     BASE_PER_POS_K5,
     LEAD,
     MODEL,
+    SGLANG_PAGE,
     drop_lines,
     four_engines,
     one_engine,
@@ -378,25 +379,6 @@ def test_trtllms_acceptance_length_gauge_is_kept_as_a_gauge():
     )
     assert page.gauges == {("llama", ""): {"acceptance_length": 2.2}}
     assert page.series[("llama", "")].counts == Counts(None, 30.0, 12.0, ())
-
-
-SGLANG_PAGE = """\
-# HELP sglang:generation_tokens_total Number of generation tokens processed.
-# TYPE sglang:generation_tokens_total counter
-sglang:generation_tokens_total{{is_streaming="true",model_name="qwen"}} {streamed}
-sglang:generation_tokens_total{{is_streaming="false",model_name="qwen"}} {whole}
-# HELP sglang:spec_verify_calls_total The number of speculative decoding verification calls.
-# TYPE sglang:spec_verify_calls_total counter
-sglang:spec_verify_calls_total{{model_name="qwen"}} {verify}
-# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
-# TYPE sglang:spec_accept_length gauge
-sglang:spec_accept_length{{{ranks}}} 2.5
-# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding.
-# TYPE sglang:spec_accept_rate gauge
-sglang:spec_accept_rate{{{ranks}}} 0.5
-""".replace(
-    "{ranks}", 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
-)
 
 
 def test_sglang_gives_steps_and_generated_tokens_and_keeps_its_gauges():
