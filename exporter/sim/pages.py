@@ -3,7 +3,7 @@
 vLLM's page is its own prometheus_client registry (metrics.py). The others are rebuilt from
 the same values on every scrape under the engine's names, labels and format, as recorded in
 tests/fixtures/real-llamacpp.prom (a real llama-server), SGLang's collector.py and
-TensorRT-LLM's collector.py (the sources ENGINE_FACTS and docs/metrics.md name):
+TensorRT-LLM's collector.py (tensorrt_llm/metrics/collector.py; docs/metrics.md maps them):
 
 - llama.cpp: `llamacpp:*`, no labels but `position`, one server (the engines are summed),
   `# HELP`/`# TYPE` written by hand as llama-server writes them;
