@@ -61,6 +61,9 @@ class Transport:
     def is_closing(self) -> bool:
         return False
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # no socket: the pool's idle check has nothing to poll
+
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
 

@@ -13,6 +13,8 @@ BOTH_LOOPS = {
     "test_proxy_safety.py",
     "test_upstream.py",
     "test_downstream.py",
+    "test_hostile_clients.py",
+    "test_hostile_upstream.py",
 }
 
 

@@ -46,6 +46,15 @@ def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "
     )
 
 
+async def until(check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll a plain predicate from inside the event loop until it holds, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s")
+        await asyncio.sleep(0.01)
+
+
 async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float) -> T:
     """The async `wait_for`: await `check` until it returns something truthy, with a deadline."""
     deadline = time.monotonic() + timeout

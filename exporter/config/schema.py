@@ -7,7 +7,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
@@ -30,6 +30,7 @@ DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
 DEFAULT_INTERVAL = 1.0
 DEFAULT_TIMEOUT = 2.0
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024  # fits the shipped 256Mi pod limit (docs/operations.md)
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 C = TypeVar("C", bound="DataclassInstance")
@@ -174,6 +175,8 @@ class ProxyConfig:
     routes: tuple[Route, ...] = setting(objects(Route), ())
     default_route: str = setting(Reader.name, "other")
     max_body_bytes: int = setting(whole(1024, 1 << 30), DEFAULT_MAX_BODY)
+    # every body and event held at once, over all connections: past it, 503 + Retry-After
+    max_buffered_bytes: int = setting(whole(1024, 1 << 40), DEFAULT_MAX_BUFFERED)
     connect_timeout: float = setting(Reader.seconds, 5.0)
     read_timeout: float = setting(Reader.seconds, 600.0)
     # a stop signal: in-flight requests get this long to complete, then are cut (and counted)
@@ -181,7 +184,9 @@ class ProxyConfig:
     max_connections: int = setting(whole(1, 1_000_000), 1024)  # client connections at once
     max_in_flight: int = setting(whole(1, 1_000_000), 512)  # requests upstream at once
     header_timeout: float = setting(Reader.seconds, 10.0)  # first byte -> a request's whole head
-    idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive, and a stalled body
+    body_timeout: float = setting(Reader.seconds, 60.0)  # the whole head -> the whole body
+    write_timeout: float = setting(Reader.seconds, 30.0)  # a client not reading -> cut
+    idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive: no request under way
     # the upstream's kind, when no target says it (default: the fronted target's engine)
     engine: str | None = setting(one_of(ENGINE_KINDS, "an engine kind"), None)
 
@@ -214,7 +219,24 @@ def _targets(r: Reader, node: yaml.Node, key: str) -> tuple[Target, ...]:
 
 
 def _proxy(r: Reader, node: yaml.Node, key: str) -> ProxyConfig:
-    return read(r, ProxyConfig, node, key)
+    proxy = read(r, ProxyConfig, node, key)
+    if proxy is not INVALID and proxy.max_buffered_bytes < proxy.max_body_bytes:
+        raise r.fail(
+            child(node, "max_buffered_bytes"),
+            f"{key}.max_buffered_bytes",
+            f"must be at least max_body_bytes ({proxy.max_body_bytes}): a body of that size "
+            "could never be held",
+        )
+    return proxy
+
+
+def child(node: yaml.Node, name: str) -> yaml.Node:
+    """The value node of `name` in a mapping node (the mapping itself when it is not there)."""
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == name:
+                return cast(yaml.Node, v)
+    return node
 
 
 @dataclass(frozen=True, slots=True)

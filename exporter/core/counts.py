@@ -81,6 +81,29 @@ def from_spec_object(obj: Mapping[str, Any]) -> Counts:
     return Counts(float(steps), float(tokens), float(accepted), per_position)
 
 
+MAX_DRAFT_LENGTH = 64  # the longest draft a config may name: the bound when none is known
+
+
+def fits(counts: Counts, draft_length: int, completion_tokens: int, choices: int = 1) -> bool:
+    """Whether one request's counts can be true of a response of `completion_tokens` tokens (0:
+    not known; over its `choices`) from an engine drafting at most `draft_length` tokens per
+    step: accepted <= draft tokens <= draft_length x steps, at most draft_length positions, and
+    every verify step emits at least one token, so steps <= completion tokens and steps +
+    accepted <= completion tokens + draft_length per choice (its last step cut by max_tokens
+    or a stop string)."""
+    steps = counts.drafts or 0.0
+    if (
+        counts.accepted > counts.draft_tokens
+        or counts.draft_tokens > draft_length * steps
+        or len(counts.per_position) > draft_length
+    ):
+        return False
+    return not completion_tokens or (
+        steps <= completion_tokens
+        and steps + counts.accepted <= completion_tokens + choices * draft_length
+    )
+
+
 def _combine(a: float | None, b: float | None, sign: int) -> float | None:
     return None if a is None or b is None else a + sign * b
 

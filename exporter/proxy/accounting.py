@@ -19,13 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.config import ModelConfig
-from exporter.core.counts import Counts, total
+from exporter.core.counts import MAX_DRAFT_LENGTH, Counts, total
 from exporter.core.payoff import Decode
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
 RouteKey = tuple[str, str]  # (route, model_name)
 OTHER_MODEL = "_other"
+MAX_MODEL_NAME = 128  # characters of a model_name label value
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_BUCKETS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200, 300, 500, 1000)
 # per-request acceptance: fine near 0 (collapsed drafts) and near 1 (repetition loops)
@@ -40,6 +41,8 @@ NOT_SENT = "not_sent"  # no object: the engine flag is off, or something upstrea
 UNKNOWN_SHAPE = "unknown_shape"  # an object the proxy cannot read: left out, not guessed at
 TOKENS_ONLY = "tokens_only"  # llama.cpp's timings: exact draft and accepted tokens, not steps
 ENGINE_SENDS_NONE = "engine_sends_none"  # TensorRT-LLM has no per-request data on its API
+IMPLAUSIBLE = "implausible"  # counts that contradict themselves or their response: refused
+UNREAD = "unread"  # the response was larger than the proxy may hold: relayed unread
 
 
 @dataclass(slots=True)
@@ -130,6 +133,7 @@ class Accounting:
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
         self._drafted: dict[RouteKey, _Weight] = {}  # llama.cpp timings: (draft, accepted) tokens
         self._exact_by_model: dict[str, Counts] = {}
+        self.engine_draft_lengths: dict[str, int] = {}  # model -> the engine's positions
 
     def rewindow(self, windows: Sequence[Window]) -> None:
         """New rolling windows: they fill again from now; the counters are untouched."""
@@ -138,13 +142,29 @@ class Accounting:
         self.moments_history = History(windows, born_at_zero=True)
 
     def label_model(self, name: str | None) -> str:
-        """A model_name label value: served names as upstream reports them, bounded in number."""
+        """A model_name label value: served names as upstream reports them, bounded in number
+        and length; one that is not printable UTF-8 (a lone surrogate, a control byte) is
+        `_other`, so no upstream reply can break the sidecar's page."""
         if not name:
             return ""
+        if len(name) > MAX_MODEL_NAME or not name.isprintable() or not _utf8(name):
+            return OTHER_MODEL
         if name in self.models or len(self.models) < self.max_models:
             self.models.add(name)
             return name
         return OTHER_MODEL
+
+    def draft_length(self, model: str) -> int:
+        """The most draft tokens a step of `model` can have: the configured k, else the
+        engine's own positions (its per-position counters), else the config's bound."""
+        config = self.model_configs.get(model)
+        if config is not None:
+            return config.num_speculative_tokens
+        return (
+            self.engine_draft_lengths.get(model)
+            or self.engine_draft_lengths.get("")
+            or (MAX_DRAFT_LENGTH)
+        )
 
     def record(self, req: RequestOutcome) -> None:
         key = (req.route, req.model_name)
@@ -215,6 +235,8 @@ class Accounting:
         whose counters carry no model_name (llama.cpp: one model per server) is every model's.
         """
         for model, engine in engine_by_model.items():
+            if engine.per_position:
+                self.engine_draft_lengths[model] = len(engine.per_position)
             # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
             if engine.drafts is None or engine.drafts <= 0 or engine.generated is not None:
                 continue
@@ -279,6 +301,14 @@ class Accounting:
         self.history.record(now, self.snapshot())
         self.decode_history.record(now, dict(self.decode))
         self.moments_history.record(now, dict(self.moments))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _vector(c: Counts, width: int = 0) -> list[float]:

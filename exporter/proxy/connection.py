@@ -6,18 +6,22 @@ more than everything else the proxy does. Here a complete request is handed to t
 from `data_received`, which usually writes it upstream before returning.
 
 Pipelined requests wait (and reading pauses while they do), so responses go out in order. A
-client that hangs up is told to the current call at once. A request head must arrive whole
-within `header_timeout` of its first byte (else 408, as nginx answers a slow head), so a
-slowloris does not hold a connection slot; an idle connection, or a body that stalls, is
-closed after `idle_timeout`.
+client that hangs up is told to the current call at once. Every phase has a deadline, so no
+client holds a connection slot or a request slot for longer than the config says, however
+slowly it sends or reads: a request head must arrive whole within `header_timeout` of its
+first byte (else 408, as nginx answers a slow head), its body within `body_timeout` of the
+head (408), a client that stops reading a response is cut after `write_timeout` (its upstream
+request dropped), and an idle connection is closed after `idle_timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, cast
 
+from exporter.proxy.budget import Budget
 from exporter.proxy.reader import Refusal, RequestReader
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.writer import HIGH_WATER, HTTP_10, ResponseWriter
@@ -40,8 +44,21 @@ class Server(Protocol):
         """Start answering; return the call, or None when it was answered at once.
         `over_limit`: the connection came past the server's connection limit."""
 
-    def refuse(self, writer: ResponseWriter, status: int, message: str, kind: str) -> None:
-        """Answer a request that cannot be served (bad HTTP, too large) and count it."""
+    def refuse(self, writer: ResponseWriter, refusal: Refusal) -> None:
+        """Answer a request that cannot be served (bad HTTP, too large, too slow) and count it."""
+
+    def timed_out(self, phase: str) -> None:
+        """A client missed a deadline: "head", "body" or "write" (count it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Seconds a client has for each phase (ProxyConfig's, with their defaults)."""
+
+    head: float = 10.0  # first byte of a head -> the whole head
+    body: float = 60.0  # the whole head -> the whole body
+    write: float = 30.0  # a response the client stopped reading -> cut
+    idle: float = 75.0  # no request under way, nothing read
 
 
 class ClientConnection(asyncio.Protocol):
@@ -53,16 +70,15 @@ class ClientConnection(asyncio.Protocol):
         max_body: int,
         closed: Callable[[ClientConnection], None],
         *,
-        header_timeout: float = 10.0,
-        idle_timeout: float = 75.0,
+        deadlines: Deadlines = Deadlines(),
+        budget: Budget | None = None,
         over_limit: bool = False,
     ) -> None:
         self.server = server
         self._closed = closed
-        self.header_timeout = header_timeout
-        self.idle_timeout = idle_timeout
+        self.deadlines = deadlines
         self.over_limit = over_limit  # every request on it is shed (503), then it closes
-        self.reader = RequestReader(max_body)
+        self.reader = RequestReader(max_body, budget)
         self.writer = ResponseWriter(self._ended)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -73,6 +89,8 @@ class ClientConnection(asyncio.Protocol):
         self._continued = False  # 100 Continue sent for the request being read
         self._last = self._loop.time()
         self._head_since: float | None = None  # the first byte of a head not yet whole
+        self._body_since: float | None = None  # a head whole, its body not yet
+        self._stalled_since: float | None = None  # the client stopped reading our writes
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -101,7 +119,7 @@ class ClientConnection(asyncio.Protocol):
         self._transport.set_write_buffer_limits(high=HIGH_WATER)
         self.writer.transport = self._transport
         self._head_since = self._last  # the first request's head is due from the connect on
-        self._timer = self._loop.call_at(self._last + self.header_timeout, self._check_idle)
+        self._timer = self._loop.call_at(self._last + self.deadlines.head, self._check_deadlines)
 
     def data_received(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -114,7 +132,12 @@ class ClientConnection(asyncio.Protocol):
             self._head_since = None
         elif self._head_since is None:
             self._head_since = now
-            self._arm(now + self.header_timeout)
+            self._arm(now + self.deadlines.head)
+        if not reader.body_pending:
+            self._body_since = None
+        elif self._body_since is None:
+            self._body_since = now
+            self._arm(now + self.deadlines.body)
         self._next()
 
     def eof_received(self) -> bool:
@@ -122,6 +145,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = self.writer.transport = None
+        self.reader.release()
         self.reader.ready.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -132,9 +156,12 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writer.paused = True
+        self._stalled_since = now = self._loop.time()
+        self._arm(now + self.deadlines.write)
 
     def resume_writing(self) -> None:
         self.writer.paused = False
+        self._stalled_since = None
         if self._call is not None:
             self._call.resume()
 
@@ -176,14 +203,14 @@ class ClientConnection(asyncio.Protocol):
     def _refuse(self, refusal: Refusal) -> None:
         self._busy = True
         self.writer.close_after = True  # the rest of the bytes are never read
-        self.server.refuse(self.writer, refusal.status, refusal.message, refusal.kind)
+        self.server.refuse(self.writer, refusal)
 
     def _ended(self, complete: bool) -> None:
         """The writer ended a response: on to the next request, or close."""
         self._busy = False
         self._call = None
         self._last = self._loop.time()
-        self._arm(self._last + self.idle_timeout)
+        self._arm(self._last + self.deadlines.idle)
         if not complete:
             return  # aborted: the transport is going
         if self.writer.close_after or self.reader.upgraded:
@@ -208,25 +235,41 @@ class ClientConnection(asyncio.Protocol):
         if timer is None or timer.when() > deadline:
             if timer is not None:
                 timer.cancel()
-            self._timer = self._loop.call_at(deadline, self._check_idle)
+            self._timer = self._loop.call_at(deadline, self._check_deadlines)
 
-    def _check_idle(self) -> None:
+    def _check_deadlines(self) -> None:
         """One timer per connection, re-armed lazily: reads and requests only stamp the time."""
-        now, transport = self._loop.time(), self._transport
+        now, transport, limits = self._loop.time(), self._transport, self.deadlines
         if transport is None:
             return
-        head_since = self._head_since
-        if head_since is not None and now >= head_since + self.header_timeout and not self._busy:
-            self._head_since = None
-            self._refuse(Refusal(408, "request head not received in time", "RequestTimeout"))
+        if self._stalled_since is not None and now >= self._stalled_since + limits.write:
+            self.server.timed_out("write")
+            transport.abort()  # its call is told the client is gone: upstream is dropped
             return
+        head_since, body_since = self._head_since, self._body_since
+        if head_since is not None and now >= head_since + limits.head and not self._busy:
+            self._timed_out("head", "request head not received in time")
+            return
+        if body_since is not None and now >= body_since + limits.body:
+            self._timed_out("body", "request body not received in time")
+            return
+        due = [] if self._stalled_since is None else [self._stalled_since + limits.write]
+        if body_since is not None:
+            due.append(body_since + limits.body)
         if self._busy:
-            deadline = now + self.idle_timeout
+            due.append(now + limits.idle)
         else:
-            deadline = self._last + self.idle_timeout
-            if now >= deadline:
-                transport.close()  # idle keep-alive, or a body that stalled
+            if now >= self._last + limits.idle:
+                transport.close()  # idle keep-alive
                 return
+            due.append(self._last + limits.idle)
             if head_since is not None:
-                deadline = min(deadline, head_since + self.header_timeout)
-        self._timer = self._loop.call_at(deadline, self._check_idle)
+                due.append(head_since + limits.head)
+        self._timer = self._loop.call_at(min(due), self._check_deadlines)
+
+    def _timed_out(self, phase: str, message: str) -> None:
+        """A head or body too slow: 408 after the responses before it, then the close."""
+        self._head_since = self._body_since = None
+        self.server.timed_out(phase)
+        self.reader.refuse(Refusal(408, message, "RequestTimeout"))
+        self._next()

@@ -9,9 +9,12 @@ reached. A client that hangs up cancels the upstream request, so vLLM aborts it.
 
 Never the product's outage: routing, the stream tap's observations and accounting run beside
 the byte path, and an exception in them is counted (`Faults`) while the bytes go on as vLLM
-sent them. Past `max_connections` client connections or `max_in_flight` upstream requests a
-request is shed with vLLM's 503 shape and a Retry-After; on a stop signal `drain` lets the
-requests in flight complete.
+sent them. Past `max_connections` client connections, `max_in_flight` upstream requests or
+`max_buffered_bytes` held a request is shed with vLLM's 503 shape and a Retry-After; on a
+stop signal `drain` lets the requests in flight complete. Every byte from either side may be
+hostile: a body the proxy cannot read as a UTF-8 JSON object is relayed untouched and counted
+(a client's doing, never an internal error); a response too large for the budget is relayed
+unread.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ from exporter.core.faults import Faults
 from exporter.proxy import sglext
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
-from exporter.proxy.connection import ClientConnection
+from exporter.proxy.budget import Budget, Hold
+from exporter.proxy.connection import ClientConnection, Deadlines
 from exporter.proxy.framing import Head
 from exporter.proxy.outcome import request_outcome, spec_object
+from exporter.proxy.reader import Refusal
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.routes import Router
 from exporter.proxy.sse import StreamTap
-from exporter.proxy.upstream import Broken, Exchange, Upstream
+from exporter.proxy.upstream import Body, Broken, Closed, Exchange, Malformed, Unreachable, Upstream
 from exporter.proxy.writer import ResponseWriter, date_header
 
 HOP_BY_HOP = frozenset(
@@ -55,6 +60,9 @@ HOP_BY_HOP = frozenset(
         "expect",  # the body is read whole before it is forwarded
     )
 )
+UPSTREAM_ERRORS = ("connection", "closed", "timeout", "broken", "malformed")
+LIMITS = ("connections", "in_flight", "buffered_bytes")  # what a shed request met
+UNREADABLE = ("not_utf8", "invalid_json", "too_deep", "not_an_object")  # completion bodies
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -68,7 +76,7 @@ class _Plan:
 
     route: str
     target: str
-    body: bytes
+    body: Body
     strip: tuple[bool, bool] | None = None  # a streamed completion: what the tap removes
     content_key: bytes = b""
     single: bool | None = None  # a completion, accounted: one choice (n == 1)?
@@ -86,9 +94,12 @@ class Proxy:
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
         self.engine = "vllm"  # the upstream's kind: what to ask it for (see sidecar)
-        self.upstream_errors: dict[str, int] = {"connection": 0, "timeout": 0, "broken": 0}
+        self.upstream_errors: dict[str, int] = dict.fromkeys(UPSTREAM_ERRORS, 0)
         self.refused = 0
-        self.shed: dict[str, int] = {"connections": 0, "in_flight": 0}  # 503s past a limit
+        self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
+        self.timeouts: dict[str, int] = dict.fromkeys(("head", "body", "write"), 0)
+        self.unreadable: dict[str, int] = dict.fromkeys(UNREADABLE, 0)  # completion bodies
+        self.budget = Budget(config.max_buffered_bytes)
         self.cut_at_drain = 0  # requests still running when the drain's grace ran out
         self.in_flight = 0  # requests sent upstream and not yet over
         self.draining = False
@@ -155,8 +166,13 @@ class Proxy:
             self,
             config.max_body_bytes,
             self._closed,
-            header_timeout=config.header_timeout,
-            idle_timeout=config.idle_timeout,
+            deadlines=Deadlines(
+                config.header_timeout,
+                config.body_timeout,
+                config.write_timeout,
+                config.idle_timeout,
+            ),
+            budget=self.budget,
             over_limit=len(self._clients) >= config.max_connections,
         )
         self._clients.add(client)
@@ -169,37 +185,46 @@ class Proxy:
         if not self._clients:
             self._drained.set()
 
-    def refuse(self, writer: ResponseWriter, status: int, message: str, kind: str) -> None:
+    def refuse(self, writer: ResponseWriter, refusal: Refusal) -> None:
+        if refusal.retry_after:  # the budget was spent: shed, not refused
+            self._shed(writer, "buffered_bytes")
+            return
         self.refused += 1
-        _error(writer, status, message, kind)
+        _error(writer, refusal.status, refusal.message, refusal.kind)
+
+    def timed_out(self, phase: str) -> None:
+        self.timeouts[phase] += 1
 
     def begin(
         self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
     ) -> _Call | None:
         """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
-        method, target = request.method, request.target
+        method, target, hold = request.method, request.target, request.hold
         if method == "CONNECT" or not target.startswith("/"):
             # never an open proxy: these never reach routing
             self.refuse(
                 writer,
-                400,
-                "this proxy forwards only to its configured upstream",
-                "BadRequestError",
+                Refusal(
+                    400, "this proxy forwards only to its configured upstream", "BadRequestError"
+                ),
             )
+            _release(hold)
             return None
         if over_limit or self.in_flight >= self.config.max_in_flight:
             self._shed(writer, "connections" if over_limit else "in_flight")
+            _release(hold)
             return None
         try:
             plan = self._plan(request, body)
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
             plan = _Plan(self.config.default_route, target, body)
-        headers = [(k, v) for k, v in request.fields if k.lower() not in HOP_BY_HOP]
-        call = _Call(self, writer, method)
+        call = _Call(self, writer, method, hold)
         self.in_flight += 1
-        call.exchange = self.upstream.send(method, plan.target, headers, plan.body, call)
+        call.exchange = self.upstream.send(
+            method, plan.target, end_to_end(request.fields), plan.body, call
+        )
         # the rest can wait until the request is on its way: no response byte comes before
         if plan.strip is not None:
             call.tap = StreamTap(
@@ -207,6 +232,7 @@ class Proxy:
                 strip_spec_details=plan.strip_spec,
                 content_key=plan.content_key,
                 on_fault=call.tap_fault,
+                budget=self.budget,
             )
         call.strip_spec = plan.strip_spec
         if plan.single is not None:  # accounted when it ends
@@ -215,12 +241,14 @@ class Proxy:
 
     def _plan(self, request: ClientRequest, body: bytes) -> _Plan:
         method, target, path = request.method, request.target, request.path
-        parsed = _json_object(body) if method == "POST" else None
+        parsed, unreadable = request_json(body) if method == "POST" else (None, None)
         match = self.router.match(path, request.headers, parsed)
-        if match.path != path:
-            target = target[len(path) - len(match.path) :]
-            target = target if target.startswith("/") else "/" + target
-        if method != "POST" or match.path not in COMPLETIONS or parsed is None:
+        if match.path != path:  # a path_prefix removed: the rest of the target (a query) stays
+            target = match.path + target[len(path) :]
+        if method != "POST" or match.path not in COMPLETIONS:
+            return _Plan(match.route, target, body)
+        if parsed is None:  # relayed untouched, unaccounted: the client's doing
+            self.unreadable[unreadable or "not_an_object"] += 1
             return _Plan(match.route, target, body)
         asked = ask(parsed, body, self.engine, self.objects_missing)
         single = (parsed.get("n") or 1) == 1
@@ -238,7 +266,11 @@ class Proxy:
         """Past a limit: vLLM's 503 shape, a Retry-After, the connection closed after it."""
         self.shed[limit] += 1
         writer.close_after = True
-        what = "client connections" if limit == "connections" else "requests in flight"
+        what = {
+            "connections": "client connections",
+            "in_flight": "requests in flight",
+            "buffered_bytes": "buffered bytes",
+        }[limit]
         _error(
             writer,
             503,
@@ -247,15 +279,16 @@ class Proxy:
             retry_after=1,
         )
 
-    def _account(
+    def account(
         self,
         account: tuple[str, float, bool],
         status: str,
         tap: StreamTap | None,
-        doc: dict[str, Any],
+        doc: dict[str, Any] | None,
     ) -> None:
+        """`doc`: the decoded response or usage event; None when it was relayed unread."""
         route, started, single = account
-        spec = spec_object(doc)
+        spec = spec_object(doc or {})
         if status == "200" and doc and spec is None and single:  # vLLM never sends one for n > 1
             self.objects_missing = True
         elif spec is not None:
@@ -267,10 +300,13 @@ class Proxy:
 
 class _Call:
     """One request between its client and the upstream: the upstream's `Receiver` and the
-    client's `Call`. A response with a Content-Length is relayed whole (a non-streamed
-    completion is decoded for its usage); any other is streamed, SSE event by event."""
+    client's `Call`. A response the proxy must read (a non-streamed completion, decoded for its
+    usage; SGLang's, cut) is held whole, within the budget; any other is relayed as it comes, a
+    stream SSE event by event."""
 
-    def __init__(self, proxy: Proxy, writer: ResponseWriter, method: str) -> None:
+    def __init__(
+        self, proxy: Proxy, writer: ResponseWriter, method: str, hold: Hold | None
+    ) -> None:
         self.proxy = proxy
         self.writer = writer
         self.method = method
@@ -278,7 +314,9 @@ class _Call:
         self.exchange: Exchange | None = None
         self.account: tuple[str, float, bool] | None = None  # route, start, single choice
         self.strip_spec = False  # SGLang: cut the details the proxy asked for out of the body
-        self._whole: list[bytes] | None = None  # a Content-Length body, collected
+        self._hold = hold  # the request body's bytes, then the response's while it is held
+        self._whole: list[bytes] | None = None  # a body held whole
+        self._unread = False  # a body that had to be read, relayed unread (too large)
         self._over = False  # ended, failed or gone: counted out of flight, accounted
         self._head: Head | None = None
         self._headers: list[tuple[str, str]] = []  # the head's end-to-end fields
@@ -286,12 +324,23 @@ class _Call:
     # the upstream's side
     def head(self, head: Head) -> None:
         self._head = head
-        self._headers = [(k, v) for k, v in head.headers if k.lower() not in HOP_BY_HOP]
-        whole = head.get("Content-Length") is not None or head.status in (204, 304)
-        if whole or self.method == "HEAD":
+        self._headers = end_to_end(head.headers)
+        _release(self._hold)  # the upstream has read the request: its bytes are freed
+        self._hold = None
+        length = head.get("Content-Length")
+        if self.method == "HEAD" or head.status in (204, 304):
             self._whole = []
+        elif length is not None and (self.account is not None or self.strip_spec):
+            size = int(length)
+            if size <= self.proxy.config.max_body_bytes:
+                self._hold = self.proxy.budget.hold(size)
+            if self._hold is not None:
+                self._whole = []
+            else:  # relayed as it comes: the client's bytes go first, the figure is lost
+                self._unread = True
+                self.writer.start_stream(head.status, head.reason, self._headers, length)
         else:
-            self.writer.start_stream(head.status, head.reason, self._headers)
+            self.writer.start_stream(head.status, head.reason, self._headers, length)
 
     def data(self, data: bytes) -> bool:
         if self._whole is not None:
@@ -309,6 +358,7 @@ class _Call:
         body: bytes | None = None
         if self._whole is not None:
             body = b"".join(self._whole)
+            self._whole = None
             headers = self._headers
             length = head.get("Content-Length")
             if self.method == "HEAD" and length is not None:  # what a GET would have sent
@@ -323,24 +373,27 @@ class _Call:
         self._done(str(head.status), body)
 
     def fail(self, error: BaseException) -> None:
-        proxy = self.proxy
+        proxy, writer = self.proxy, self.writer
         if isinstance(error, TimeoutError):
-            proxy.upstream_errors["timeout"] += 1
-            _error(self.writer, 504, "upstream timed out", "GatewayTimeout")
-            self._done("504", None)
-        elif isinstance(error, Broken):
-            proxy.upstream_errors["broken"] += 1  # upstream broke mid-response
-            proxy.log.warning("upstream response broken", error=str(error))
-            if self._whole is not None:  # nothing went to the client yet
-                _error(self.writer, 502, "upstream response broken", "BadGateway")
+            reason, status = "timeout", "504"
+            _error(writer, 504, "upstream timed out", "GatewayTimeout")
+        elif isinstance(error, Broken):  # cut or malformed: after the head, or before it
+            reason, status = "malformed" if isinstance(error, Malformed) else "broken", "502"
+            proxy.log.warning("upstream response broken", error=str(error)[:200])
+            if self._head is None or self._whole is not None:  # nothing went to the client
+                _error(writer, 502, "upstream response broken", "BadGateway")
             else:
-                self.writer.abort()  # the client must see the break, not a clean end
-            self._done("502", None)
+                writer.abort()  # the client must see the break, not a clean end
         else:
-            proxy.upstream_errors["connection"] += 1
-            proxy.log.warning("upstream unreachable", error=type(error).__name__)
-            _error(self.writer, 502, "upstream unreachable", "BadGateway")
-            self._done("502", None)
+            reason = "closed" if isinstance(error, Closed) else "connection"
+            status = "502"
+            proxy.log.warning(
+                "upstream unreachable" if isinstance(error, Unreachable) else "upstream hung up",
+                error=type(error).__name__,
+            )
+            _error(writer, 502, "upstream unreachable", "BadGateway")
+        proxy.upstream_errors[reason] += 1
+        self._done(status, None)
 
     # the client's side
     def resume(self) -> None:
@@ -358,33 +411,59 @@ class _Call:
         self.account = None
 
     def _done(self, status: str, body: bytes | None) -> None:
-        """Once per call: it is no longer in flight, and it is accounted (beside the bytes,
-        which are all out by now)."""
+        """Once per call: it is no longer in flight, its held bytes are freed, and it is
+        accounted (beside the bytes, which are all out by now)."""
         if self._over:
             return
         self._over = True
+        _release(self._hold)
+        self._hold = None
+        self._whole = None
         proxy = self.proxy
         proxy.in_flight -= 1
         if self.account is None:
             return
         try:
-            doc: dict[str, Any] | None = None
-            if body is not None:
-                doc = _json_object(body) if status == "200" else None
+            doc: dict[str, Any] | None = {}
+            if self._unread:
+                doc = None
+            elif body is not None:
+                doc = (request_json(body)[0] if status == "200" else None) or {}
             elif self.tap is not None:
-                doc = self.tap.usage
-            proxy._account(self.account, status, self.tap, doc or {})
+                doc = None if self.tap.overflowed else self.tap.usage or {}
+            proxy.account(self.account, status, self.tap, doc)
         except Exception as exc:
             proxy.faults.record("accounting", exc)
         self.account = None
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
+def end_to_end(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`fields` without the hop-by-hop ones: the fixed set and those `Connection` names
+    (RFC 9110 §7.6.1)."""
+    drop = HOP_BY_HOP
+    for name, value in fields:
+        if name.lower() == "connection":
+            drop = drop | {token.strip().lower() for token in value.split(",")}
+    return [(k, v) for k, v in fields if k.lower() not in drop]
+
+
+def request_json(body: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """A body as a JSON object, or None and why not (an `UNREADABLE` reason). Only UTF-8 (what
+    the splice writes): json.loads would also take UTF-16 and -32."""
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not_utf8"
+    except ValueError:
+        return None, "invalid_json"
+    except RecursionError:
+        return None, "too_deep"
+    return (data, None) if isinstance(data, dict) else (None, "not_an_object")
+
+
+def _release(hold: Hold | None) -> None:
+    if hold is not None:
+        hold.release()
 
 
 def _error(

@@ -3,7 +3,9 @@
 The upstream is one known HTTP/1.1 server (vLLM's uvicorn), so the framings needed are
 Content-Length, chunked (extensions and trailers skipped) and until-close bodies, plus bodiless
 responses (HEAD, 204, 304) and interim 1xx heads. Strict where a lax reading could relay the
-wrong bytes: chunk sizes are hex digits only, a chunk must end where its size says.
+wrong bytes: chunk sizes are hex digits only, a chunk must end where its size says, a CR, LF or
+NUL inside a header line is refused (relayed, it would split the client's response). Header
+bytes are kept as sent (decoded with surrogateescape, which the writer reverses exactly).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 MAX_HEAD = 64 * 1024  # bytes of status line and headers
 _HEX = b"0123456789abcdefABCDEF"
+
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
@@ -114,17 +117,17 @@ class ResponseFramer:
         return b"".join(out) if len(out) != 1 else out[0]
 
     def _on_head(self, raw: bytes) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
+        lines = raw.decode("utf-8", "surrogateescape").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or not code.isdigit():
+        if not version.startswith("HTTP/1.") or not code.isdigit() or _splits(lines[0]):
             raise FramingError(f"bad status line {lines[0][:80]!r}")
         status = int(code)
         headers = []
         fields: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
+            if not sep or not name or name != name.strip() or _splits(line):
                 raise FramingError(f"bad header line {line[:80]!r}")
             value = value.strip()
             headers.append((name, value))
@@ -147,6 +150,11 @@ class ResponseFramer:
         else:
             self._state = _UNTIL_CLOSE
         self.head = head
+
+
+def _splits(line: str) -> bool:
+    """A CR, LF or NUL inside a head line: relayed, it would split the client's response."""
+    return "\r" in line or "\n" in line or "\x00" in line
 
 
 @functools.lru_cache(maxsize=1024)  # a stream repeats a few sizes; C lookup, no re-parsing

@@ -6,7 +6,10 @@ through httptools, the maintained binding uvicorn uses, with aiohttp's server li
 (line and field sizes, header count, RFC 9110 singletons, Host on HTTP/1.1; llhttp
 itself refuses control bytes in fields), so what is
 accepted is what an aiohttp server accepts. Bodies are passed on as sent (no decompression);
-chunked bodies are de-chunked here and re-framed with a Content-Length upstream.
+chunked bodies are de-chunked here and re-framed with a Content-Length upstream; their
+trailer fields are dropped, never merged into the head (RFC 9110 §6.5.1), and no transfer
+coding but `chunked` is taken (501). Body bytes are held in the proxy's `Budget`: a body
+declared larger than it can cover is refused with 503 before it is read.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ from dataclasses import dataclass
 
 import httptools
 
-from exporter.proxy.request import MORE, SINGLETONS, ClientRequest, quick
+from exporter.proxy.budget import Budget, Hold
+from exporter.proxy.request import MAX_HEADERS, MORE, SINGLETONS, ClientRequest, quick
 
 MAX_LINE = 8190  # bytes of the request target (aiohttp's max_line_size)
 MAX_FIELD = 8190  # bytes of a header field, name and value (aiohttp's max_field_size)
-MAX_HEADERS = 128  # header fields of a request (aiohttp's max_headers)
 MAX_HEAD = MAX_LINE + MAX_HEADERS * (MAX_FIELD + 4)  # bytes before a head must be complete
 
 
@@ -31,6 +34,10 @@ class Refusal:
     status: int
     message: str
     kind: str  # the error `type` in vLLM's error shape
+    retry_after: bool = False  # a 503: the budget was spent; the same request may come again
+
+
+BUSY = Refusal(503, "the proxy is at its limit of buffered bytes", "ServiceUnavailableError", True)
 
 
 class _Invalid(Exception):
@@ -41,13 +48,15 @@ class RequestReader:
     """Feeds on a connection's reads; `ready` holds complete requests (and, after them, at
     most one Refusal), oldest first. Once llhttp has seen bytes of a connection it keeps it."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, budget: Budget | None = None) -> None:
         self.max_body = max_body
+        self.budget = budget or Budget(1 << 62)
         self.ready: deque[tuple[ClientRequest, bytes] | Refusal] = deque()
         self.upgraded = False  # the rest of the bytes belong to another protocol: ignored
         self.wants_continue = False  # the request being read asked for 100 Continue
         self._raw = bytearray()  # a request `quick` has not got whole yet
         self._need = 0  # bytes of it needed: its head and Content-Length, once known
+        self._hold: Hold | None = None  # the budget's bytes for the body being read
         self._llhttp: Llhttp | None = None
         self._refused = False
 
@@ -68,10 +77,42 @@ class RequestReader:
             return self._llhttp.head_pending
         return bool(self._raw) and not self._need
 
+    @property
+    def body_pending(self) -> bool:
+        """A request's head is whole, its body is not."""
+        if self._llhttp is not None:
+            return self._llhttp.body_pending
+        return self._need > 0
+
     def refuse(self, refusal: Refusal) -> None:
         """Nothing after a refusal is read: its answer closes the connection."""
         self._refused = True
+        self._raw.clear()
+        self.release()
+        if self._llhttp is not None:
+            self._llhttp.drop()
         self.ready.append(refusal)
+
+    def hold(self, size: int) -> Hold | None:
+        """Budget for the body being read (one hold per request, grown as chunks come)."""
+        if self._hold is None:
+            self._hold = self.budget.hold(size)
+            return self._hold
+        return self._hold if self._hold.grow(size) else None
+
+    def taken(self) -> Hold | None:
+        """The complete request's hold, handed on with it."""
+        hold, self._hold = self._hold, None
+        return hold
+
+    def release(self) -> None:
+        """The connection is gone or refused: the bytes held for it go back to the budget."""
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
+        for item in self.ready:
+            if not isinstance(item, Refusal) and item[0].hold is not None:
+                item[0].hold.release()
 
     def _quick(self, data: bytes) -> bytes:
         """Take what `quick` can; return the bytes left for llhttp."""
@@ -87,16 +128,22 @@ class RequestReader:
             raw.clear()
             return rest
         request, start, length = got
-        if length > self.max_body:
-            raw.clear()
-            self.refuse(too_large(self.max_body))
-            return b""
+        if not self._need and length:  # the head just came: hold its body's bytes
+            if length > self.max_body:
+                self.refuse(too_large(self.max_body))
+                return b""
+            if self.hold(length) is None:
+                self.refuse(BUSY)
+                return b""
         if len(raw) < start + length:
             self._need = start + length
             return b""
-        body, rest = bytes(raw[start : start + length]), bytes(raw[start + length :])
+        view = memoryview(raw)
+        body, rest = bytes(view[start : start + length]), bytes(view[start + length :])
+        view.release()
         raw.clear()
         self._need = 0
+        request.hold = self.taken()
         self.ready.append((request, body))
         return rest  # pipelined requests: llhttp's from here
 
@@ -116,7 +163,17 @@ class Llhttp:
         self._body = bytearray()
         self._request: ClientRequest | None = None
         self._head_bytes = 0  # fed since the current head began: httptools buffers a field whole
+        self._trailers = 0  # trailer fields of the body being read: dropped, but counted
         self.head_pending = False  # between a message's first byte and its complete head
+
+    @property
+    def body_pending(self) -> bool:
+        return self._request is not None
+
+    def drop(self) -> None:
+        """A refusal: the request being read is given up, its body's bytes freed."""
+        self._body = bytearray()
+        self._request = None
 
     def feed(self, data: bytes) -> None:
         if self._request is None:
@@ -142,8 +199,9 @@ class Llhttp:
         self._head_bytes = 0
         self._url.clear()
         self._fields = []
-        self._body.clear()
+        self._body = bytearray()
         self._request = None
+        self._trailers = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -154,6 +212,11 @@ class Llhttp:
         # httptools hands over a field whole (it joins pieces across reads)
         if len(name) + len(value) > MAX_FIELD:
             raise _Invalid(_bad(f"header field longer than {MAX_FIELD} bytes"))
+        if self._request is not None:  # a trailer of a chunked body: never a header
+            self._trailers += 1
+            if len(self._fields) + self._trailers > MAX_HEADERS:
+                raise _Invalid(_bad("too many headers received"))
+            return
         self._fields.append(
             (
                 name.decode("utf-8", "surrogateescape"),
@@ -176,6 +239,11 @@ class Llhttp:
                 raise _Invalid(_bad(f"Duplicate '{name}' header found."))
         if version == (1, 1) and "host" not in headers:
             raise _Invalid(_bad("Missing 'Host' header in request."))
+        coding = headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            raise _Invalid(
+                Refusal(501, f"transfer coding {coding[:40]!r} not implemented", "NotImplemented")
+            )
         target = self._url.decode("utf-8", "surrogateescape")
         path = target.split("?", 1)[0] if target.startswith("/") else target
         self._request = ClientRequest(
@@ -191,19 +259,28 @@ class Llhttp:
         declared = headers.get("content-length", "0")
         if declared.isdigit() and int(declared) > self.reader.max_body:
             raise _Invalid(too_large(self.reader.max_body))
+        if declared.isdigit() and int(declared) and self.reader.hold(int(declared)) is None:
+            raise _Invalid(BUSY)
         self.reader.wants_continue = (
             version == (1, 1) and headers.get("expect", "").lower() == "100-continue"
         )
 
     def on_body(self, body: bytes) -> None:
+        reader, request = self.reader, self._request
+        assert request is not None
+        if len(self._body) + len(body) > reader.max_body:
+            raise _Invalid(too_large(reader.max_body))
+        if "content-length" not in request.headers and reader.hold(len(body)) is None:
+            raise _Invalid(BUSY)  # a chunked body grows its hold piece by piece
         self._body += body
-        if len(self._body) > self.reader.max_body:
-            raise _Invalid(too_large(self.reader.max_body))
 
     def on_message_complete(self) -> None:
-        assert self._request is not None
+        request, self._request = self._request, None
+        assert request is not None
         self.reader.wants_continue = False
-        self.reader.ready.append((self._request, bytes(self._body)))
+        request.hold = self.reader.taken()
+        body, self._body = bytes(self._body), bytearray()
+        self.reader.ready.append((request, body))
 
 
 def _bad(message: str) -> Refusal:

@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from exporter.proxy.budget import Hold
+
 HEAD_LIMIT = 8190  # bytes of a head `quick` takes (llhttp's line limits are as large)
+MAX_HEADERS = 128  # header fields of a request, on either path (aiohttp's max_headers)
 MORE: Final = "more"  # `quick`: nothing wrong so far, but the request is not complete
 
 _SEGMENT = rb"[-A-Za-z0-9_~][-A-Za-z0-9_~.]*"  # no dot segments, nothing to decode
@@ -24,6 +27,7 @@ _LINE = re.compile(
     rb"(GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) (/(?:%b(?:/%b)*/?)?)(\?[!$-~]*)? HTTP/1\.([01])"
     % (_SEGMENT, _SEGMENT)
 )
+_START = re.compile(rb"[A-Z]{1,7}(?: |$)")  # what a request of `_LINE` begins with
 _TOKEN = re.sub(rb"[^-!#$%&'*+.^_`|~0-9A-Za-z]", b"", bytes(range(128)))  # header name bytes
 _VISIBLE = bytes(range(0x20, 0x7F)) + b"\t"  # header value bytes
 _LLHTTP_ONLY = frozenset(("transfer-encoding", "expect", "upgrade"))
@@ -44,6 +48,7 @@ class ClientRequest:
     fields: list[tuple[str, str]]  # as sent, in order
     should_close: bool
     upgrade: bool = False
+    hold: Hold | None = None  # the bytes of its body, held in the budget until upstream has it
 
 
 def quick(buffer: bytes | bytearray) -> tuple[ClientRequest, int, int] | str | None:
@@ -51,10 +56,12 @@ def quick(buffer: bytes | bytearray) -> tuple[ClientRequest, int, int] | str | N
     Plain bytes methods, not a regex per field: on a cold cache each one costs."""
     end = buffer.find(b"\r\n\r\n", 0, HEAD_LIMIT)
     if end == -1:
-        return MORE if len(buffer) < HEAD_LIMIT else None
+        # not the start of a request line (TLS, binary): llhttp refuses it at once
+        more = len(buffer) < HEAD_LIMIT and _START.match(buffer, 0, 8) is not None
+        return MORE if more else None
     first, *lines = buffer[:end].split(b"\r\n")
     line = _LINE.fullmatch(first)
-    if line is None:
+    if line is None or len(lines) > MAX_HEADERS:
         return None
     fields: list[tuple[str, str]] = []
     headers: dict[str, str] = {}

@@ -1,15 +1,22 @@
 """Watching an OpenAI-style SSE stream on its way through the proxy.
 
-The tap frames the byte stream into events (`data: ...\\n\\n`) and forwards each one as soon as
-it is complete, parsing only what it must: a cheap byte test finds the first content token,
-and only the final usage event (`"choices":[]`) is decoded, and SGLang's event of details. When
-the proxy injected `include_usage` (or `continuous_usage_stats`, or SGLang's
-`return_spec_tokens_details`) the client did not ask for, the tap removes what the injection
-added, so the client gets the bytes the engine would have sent it.
+The tap frames the byte stream into events and forwards each one as soon as it is complete (an
+event ends at a blank line, its lines ending in LF, CRLF or CR: the SSE grammar, so an upstream
+that frames with CRLF is relayed event by event too), parsing only what it must: a cheap byte
+test finds the first content token, and only the final usage event (`"choices":[]`) is decoded,
+and SGLang's event of details. When the proxy injected `include_usage` (or
+`continuous_usage_stats`, or SGLang's `return_spec_tokens_details`) the client did not ask for,
+the tap removes what the injection added, so the client gets the bytes the engine would have
+sent it.
 
 What is relayed (framing, stripping) and what is only observed (content times, the finish
 reason, the usage event, token increments) are kept apart: an exception while observing stops
 the observing for that stream, is reported to `on_fault`, and the bytes go on as before.
+
+Bounded: each read is scanned once (the work is proportional to the bytes read, whatever the
+size of an event), a partial event beyond `FREE_PENDING` bytes is held in the proxy's budget,
+and one larger than `MAX_EVENT` (or than the budget can cover) turns the tap into a plain relay
+for the rest of the stream: every byte passes, unobserved (`overflowed`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.proxy import sglext
+from exporter.proxy.budget import Budget, Hold
 
+FREE_PENDING = 4096  # bytes of a partial event held without the budget (per stream)
+MAX_EVENT = 1 << 20  # bytes of one event: vLLM's largest, a detailed usage event, is ~50 KB
+# a line end, then a blank line's (a CRLF is one line end, never a CR and an LF)
+_BOUNDARY = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r)")
 _USAGE_FIELD = re.compile(rb',"usage":\{[^{}]*\}')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 _FINISH = b'"finish_reason":"'
@@ -44,30 +56,76 @@ class StreamTap:
     increments: list[int] = field(default_factory=list)  # tokens per content event
     on_fault: Callable[[BaseException], None] | None = None  # an observation raised
     observing: bool = True  # False once an observation raised: relaying goes on
-    _pending: bytes = b""
+    budget: Budget | None = None  # holds a partial event beyond FREE_PENDING
+    overflowed: bool = False  # an event too large to hold: relayed as it came, unobserved
+    _pending: bytearray = field(default_factory=bytearray)  # a partial event
+    _hold: Hold | None = None
     _held: list[bytes] = field(default_factory=list)
     _tokens_seen: int = 0
 
     def feed(self, data: bytes) -> bytes:
         """Bytes in from upstream -> bytes out to the client (whole events only)."""
-        buffer = self._pending + data if self._pending else data
-        end = buffer.rfind(b"\n\n")
+        if self.overflowed:
+            return data
+        pending = self._pending
+        if pending:  # only the new bytes are scanned (and the 3 before them: a split CRLF)
+            scan = max(0, len(pending) - 3)
+            pending += data
+            buffer: bytes | bytearray = pending
+        else:
+            scan, buffer = 0, data
+        if buffer.find(b"\r", scan) == -1:  # LF framing, vLLM's: one memchr-like search
+            end = buffer.rfind(b"\n\n", scan)
+            end = -1 if end == -1 else end + 2
+            lf = True
+        else:
+            end, lf = _last_boundary(buffer, scan), False
         if end == -1:
-            self._pending = buffer
-            return b""
-        self._pending = buffer[end + 2 :]
-        complete = buffer[: end + 2]
-        if complete.find(b"\n", 0, end) == -1:  # one single-line event (memchr, not a scan)
+            if not pending:
+                pending += data
+            return self._keep()
+        complete = bytes(buffer[:end]) if pending else data[:end]
+        if end < len(buffer):
+            self._pending = bytearray(buffer[end:])
+        elif pending:
+            self._pending = bytearray()
+        self._keep()
+        if lf and complete.find(b"\n", 0, end - 2) == -1:  # one single-line event
             return self._event(complete)
         if self._plain(complete):
             return complete
-        return b"".join(self._event(e + b"\n\n") for e in complete[:-2].split(b"\n\n"))
+        if lf:
+            return b"".join(self._event(e + b"\n\n") for e in complete[:-2].split(b"\n\n"))
+        return b"".join(self._event(e) for e in _events(complete))
 
     def flush(self) -> bytes:
         """Whatever is left when upstream ends (a truncated event passes through as it is)."""
         held, self._held = self._held, []
-        rest, self._pending = self._pending, b""
+        rest, self._pending = bytes(self._pending), bytearray()
+        self._release()
         return b"".join(held) + rest
+
+    def _keep(self) -> bytes:
+        """The partial event stays, held in the budget beyond FREE_PENDING; one too large for
+        that goes out now with everything after it (the tap is a plain relay from here)."""
+        size = len(self._pending)
+        if size <= FREE_PENDING:
+            self._release()
+            return b""
+        if size <= MAX_EVENT and self.budget is not None:
+            if self._hold is None:
+                self._hold = self.budget.hold(0)
+            if self._hold is not None and self._hold.grow(size - self._hold.size):
+                return b""
+        elif size <= MAX_EVENT:
+            return b""
+        self.overflowed, self.observing = True, False
+        return self.flush()
+
+    def _release(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
 
     def _plain(self, events: bytes) -> bool:
         """Several events that pass unchanged (no finish, no usage, nothing to strip): only
@@ -170,14 +228,36 @@ class StreamTap:
 
 def _stamp(event: bytes, fingerprint: Any) -> bytes:
     """Add `"system_fingerprint"` as the last key of a chunk, where vLLM's model puts it."""
-    if not isinstance(fingerprint, str) or not event.endswith(b"}\n\n"):
+    data = event.rstrip(b"\r\n")
+    if not isinstance(fingerprint, str) or not data.endswith(b"}"):
         return event
-    return event[:-3] + b',"system_fingerprint":' + json.dumps(fingerprint).encode() + b"}\n\n"
+    stamp = b',"system_fingerprint":' + json.dumps(fingerprint).encode()
+    return data[:-1] + stamp + b"}" + event[len(data) :]
+
+
+def _last_boundary(buffer: bytes | bytearray, start: int) -> int:
+    """The end of the last complete event in `buffer` (searched from `start`), or -1. A blank
+    line of one CR right after an LF at the very end waits for its LF (CRLF framing cut
+    between the two); after a CR it is CR framing, complete."""
+    end, size = -1, len(buffer)
+    for match in _BOUNDARY.finditer(buffer, start):
+        if match.end() < size or buffer[size - 1] != 0x0D or buffer[size - 2] != 0x0A:
+            end = match.end()
+    return end
+
+
+def _events(complete: bytes) -> list[bytes]:
+    """Events of `complete` (whole events), each with its own line ends."""
+    out, start = [], 0
+    for match in _BOUNDARY.finditer(complete):
+        out.append(complete[start : match.end()])
+        start = match.end()
+    return out
 
 
 def _decode(event: bytes) -> dict[str, Any] | None:
     try:
-        data = json.loads(event.removeprefix(b"data: "))
+        data = json.loads(event.lstrip(b"\r\n").removeprefix(b"data: "))
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

@@ -8,13 +8,19 @@ free, and each upstream read is de-framed in `data_received` and handed straight
 The upstream is one known HTTP/1.1 server (vLLM's uvicorn), so the client needed is small:
 one request per connection at a time, Content-Length / chunked / until-close bodies, an idle
 timeout.
+
+Never twice: a request is written once. A pooled connection is checked before it is written to
+(closed, or bytes arrived while it sat idle: discarded, and the next one or a fresh connection
+taken), and once a request's bytes are written, whatever happens is reported, never re-sent:
+an engine that read the request may be running it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -22,10 +28,25 @@ from exporter.proxy.framing import FramingError, Head, ResponseFramer
 
 KEEPALIVE = 4.0  # s: reuse an idle connection only this long; uvicorn closes them after 5 s
 MAX_IDLE = 256  # idle connections kept
+JOIN_BELOW = 64 * 1024  # a request smaller than this goes out in one write (one packet)
+Body = bytes | Sequence[bytes | memoryview]  # pieces: a spliced body is not copied whole
 
 
 class Broken(Exception):
     """The upstream connection failed after the response head."""
+
+
+class Malformed(Broken):
+    """The upstream's bytes are not a well-formed HTTP/1.1 response (before or after its head)."""
+
+
+class Closed(ConnectionError):
+    """The upstream closed the connection after the request was written, before a response
+    head: it may have run the request, so it is not sent again."""
+
+
+class Unreachable(ConnectionError):
+    """No connection could be made: nothing of the request reached the upstream."""
 
 
 class Receiver(Protocol):
@@ -41,8 +62,8 @@ class Receiver(Protocol):
     def end(self) -> None: ...
 
     def fail(self, error: BaseException) -> None:
-        """Before the head: OSError (refused, or dropped without a response: a 502) or
-        TimeoutError (connect or head timed out: a 504). After it: Broken."""
+        """Before the head: Unreachable (nothing sent), Closed (sent, no answer), Malformed
+        or TimeoutError (connect or head timed out). After it: Broken (or Malformed)."""
         ...
 
 
@@ -66,22 +87,20 @@ class Upstream:
         method: str,
         target: str,
         headers: Iterable[tuple[str, str]],
-        body: bytes,
+        body: Body,
         receiver: Receiver,
     ) -> Exchange:
-        """Send a request; its response goes to `receiver`. On a pooled connection the request
-        is written before this returns. A reused connection that the upstream closed while
-        idle is retried once on a fresh one (nothing was processed on it)."""
+        """Send a request; its response goes to `receiver`. On a pooled connection that passes
+        its check the request is written before this returns; else on a fresh connection."""
         data = self._serialize(method, target, headers, body)
         loop = asyncio.get_running_loop()
         while self._idle:
             conn = self._idle.pop()
             if conn.usable(loop.time()):
-                assert conn.transport is not None
-                conn.transport.write(data)  # on its way before any bookkeeping
+                _write(conn, data)  # on its way before any bookkeeping
                 self._busy.add(conn)
-                exchange = Exchange(self, method, data, receiver)
-                exchange.attached(conn, reused=True)
+                exchange = Exchange(self, method, (), receiver)
+                exchange.attached(conn)
                 return exchange
             conn.close()
         exchange = Exchange(self, method, data, receiver)
@@ -103,15 +122,22 @@ class Upstream:
         self._busy.clear()
 
     def _serialize(
-        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
-    ) -> bytes:
+        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: Body
+    ) -> Sequence[bytes | memoryview]:
+        """The request as pieces to write: one, unless its body is large."""
+        pieces = (body,) if isinstance(body, bytes) else tuple(body)
+        size = sum(len(p) for p in pieces)
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self.authority}"]
         lines += (f"{k}: {v}" for k, v in headers)
-        if body or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body)}")
-        return "\r\n".join(lines).encode("utf-8", "surrogateescape") + b"\r\n\r\n" + body
+        if size or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {size}")
+        head = "\r\n".join(lines).encode("utf-8", "surrogateescape") + b"\r\n\r\n"
+        if size < JOIN_BELOW:
+            return (head + b"".join(pieces),)
+        return (head, *pieces)
 
-    async def _connect(self) -> _Connection:
+    async def connect(self) -> _Connection:
+        """A fresh connection, counted busy (for an exchange that will write on it)."""
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout):
             _, conn = await loop.create_connection(
@@ -120,7 +146,8 @@ class Upstream:
         self._busy.add(conn)
         return conn
 
-    def _release(self, conn: _Connection, reusable: bool) -> None:
+    def release(self, conn: _Connection, reusable: bool) -> None:
+        """A response ended on `conn`: back to the pool, or closed."""
         self._busy.discard(conn)
         if reusable and not self._retired and len(self._idle) < MAX_IDLE:
             conn.idle_since = asyncio.get_running_loop().time()
@@ -128,10 +155,17 @@ class Upstream:
         else:
             conn.close()
 
-    def _lost(self, conn: _Connection) -> None:
+    def lost(self, conn: _Connection) -> None:
+        """`conn` closed: out of the pool."""
         self._busy.discard(conn)
         if conn in self._idle:
             self._idle.remove(conn)
+
+
+def _write(conn: _Connection, pieces: Sequence[bytes | memoryview]) -> None:
+    assert conn.transport is not None
+    for piece in pieces:
+        conn.transport.write(piece)
 
 
 class _Connection(asyncio.Protocol):
@@ -140,12 +174,17 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.idle_since = 0.0
+        self._poll: select.poll | None = None  # is the idle socket readable (EOF, late bytes)?
 
     def usable(self, now: float) -> bool:
+        """Fit for a request: open, not idle too long, and nothing arrived while it was idle
+        (a close on its way, or bytes nobody asked for: a request written now would meet
+        them)."""
         return (
             self.transport is not None
             and not self.transport.is_closing()
             and now - self.idle_since < KEEPALIVE
+            and not (self._poll is not None and self._poll.poll(0))
         )
 
     def close(self) -> None:
@@ -154,6 +193,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._poll = select.poll()  # TLS records may come unasked: no check for them
+            self._poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
 
     def data_received(self, data: bytes) -> None:
         if self.exchange is None:
@@ -166,31 +209,37 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self.pool._lost(self)
+        self.pool.lost(self)
         if self.exchange is not None:
             self.exchange.lost()
 
     def finished(self, reusable: bool) -> None:
         self.exchange = None
-        self.pool._release(self, reusable and self.transport is not None)
+        self.pool.release(self, reusable and self.transport is not None)
 
 
 class Exchange:
     """One request and its response on a pooled connection: the head, then the body, handed to
-    the receiver as they arrive (framed by a `ResponseFramer`), with the connect, the one retry
-    on a stale pooled connection, back-pressure and the read timeout around it. The read timeout
-    is the longest silence allowed from upstream."""
+    the receiver as they arrive (framed by a `ResponseFramer`), with the connect,
+    back-pressure and the read timeout around it. The read timeout is the longest silence
+    allowed from upstream; while the client is the one not reading, the client's own write
+    deadline applies instead."""
 
-    def __init__(self, pool: Upstream, method: str, request: bytes, receiver: Receiver) -> None:
+    def __init__(
+        self,
+        pool: Upstream,
+        method: str,
+        request: Sequence[bytes | memoryview],
+        receiver: Receiver,
+    ) -> None:
         self._pool = pool
         self._method = method
-        self._request = request
+        self._request = request  # until written (a fresh connection): then dropped
         self._receiver = receiver
         self._loop = asyncio.get_running_loop()
         self._conn: _Connection | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._reused = False
         self._last = 0.0
         self._framer = ResponseFramer(method)
         self._over = False  # ended, failed or aborted: nothing more is reported
@@ -198,17 +247,11 @@ class Exchange:
         self._paused = False
         self.received = 0  # bytes from upstream
 
-    def attach(self, conn: _Connection, reused: bool) -> None:
-        """Write the request on `conn`."""
-        assert conn.transport is not None
-        conn.transport.write(self._request)
-        self.attached(conn, reused)
-
-    def attached(self, conn: _Connection, reused: bool) -> None:
+    def attached(self, conn: _Connection) -> None:
         """The request was written on `conn`: its response is this exchange's."""
         conn.exchange = self
         self._conn = conn
-        self._reused = reused
+        self._request = ()
         self._last = self._loop.time()
         self._timer = self._loop.call_at(self._last + self._pool.read_timeout, self._check_idle)
 
@@ -239,7 +282,7 @@ class Exchange:
         try:
             body = framer.feed(data)
         except FramingError as exc:
-            self._fail(Broken(f"malformed response: {exc}"))
+            self._fail(Malformed(f"malformed response: {exc}"))
             return
         if not self._headed and framer.head is not None:
             self._headed = True
@@ -263,13 +306,18 @@ class Exchange:
 
     async def _connect(self) -> None:
         try:
-            conn = await self._pool._connect()
-        except (OSError, TimeoutError) as exc:
+            conn = await self._pool.connect()
+        except TimeoutError as exc:
             self._connecting = None
             self._fail(exc)
             return
+        except OSError as exc:
+            self._connecting = None
+            self._fail(Unreachable(str(exc) or type(exc).__name__))
+            return
         self._connecting = None
-        self.attach(conn, reused=False)
+        _write(conn, self._request)
+        self.attached(conn)
 
     def _pause(self) -> None:
         if not self._paused and self._conn is not None and self._conn.transport is not None:
@@ -290,19 +338,14 @@ class Exchange:
     def _fail(self, error: BaseException) -> None:
         if self._over:
             return  # already ended, failed or aborted
-        retry = self._reused and not self.received and isinstance(error, Broken)
         self._over = True
         self._stop()
-        if retry:  # the pooled connection was closed under us: once more on a fresh one
-            self._reused = False
-            self._over = False
-            self.connect()
+        if isinstance(error, Malformed | TimeoutError | Unreachable):
+            self._receiver.fail(error)
         elif self._headed:
             self._receiver.fail(error if isinstance(error, Broken) else Broken(str(error)))
-        elif isinstance(error, Broken):
-            self._receiver.fail(ConnectionResetError(f"upstream: {error}"))
-        else:
-            self._receiver.fail(error)
+        else:  # written, and the connection ended before a head: never sent again
+            self._receiver.fail(Closed(f"upstream: {error}"))
 
     def _stop(self) -> None:
         if self._timer is not None:
@@ -317,7 +360,7 @@ class Exchange:
 
     def _check_idle(self) -> None:
         """One timer per exchange, re-armed lazily: reads only stamp the time."""
-        if self._paused:  # the client is slow, not the upstream
+        if self._paused:  # the client is slow, not the upstream (its write deadline applies)
             self._last = self._loop.time()
         deadline = self._last + self._pool.read_timeout
         if self._loop.time() >= deadline:

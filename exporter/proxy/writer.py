@@ -1,9 +1,10 @@
 """Responses to one client connection: whole, or streamed as the upstream's bytes come.
 
 A streamed response is chunked for HTTP/1.1 clients and runs until the connection closes for
-HTTP/1.0 ones. Its head waits for the first body bytes (one write, one packet), or for the next
-loop iteration if none come with it. Back-pressure is a flag the relay reads (`paused`): the
-client reads slower than the upstream writes.
+HTTP/1.0 ones; one whose length the upstream gave keeps it and goes out as it comes. Its head
+waits for the first body bytes (one write, one packet), or for the next loop iteration if none
+come with it. Back-pressure is a flag the relay reads (`paused`): the client reads slower than
+the upstream writes.
 """
 
 from __future__ import annotations
@@ -45,9 +46,14 @@ class ResponseWriter:
         self.write(self._head(status, reason, headers) + (b"" if head_only else body))
         self._ended(True)
 
-    def start_stream(self, status: int, reason: str, headers: list[tuple[str, str]]) -> None:
-        self._chunked = self.version != HTTP_10
-        if self._chunked:
+    def start_stream(
+        self, status: int, reason: str, headers: list[tuple[str, str]], length: str | None = None
+    ) -> None:
+        """A response whose body follows with `send`; `length`: its Content-Length, if known."""
+        self._chunked = length is None and self.version != HTTP_10
+        if length is not None:
+            headers = [*headers, ("Content-Length", length)]
+        elif self._chunked:
             headers = [*headers, ("Transfer-Encoding", "chunked")]
         else:
             self.close_after = True  # an HTTP/1.0 client reads until the connection closes

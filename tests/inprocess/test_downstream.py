@@ -170,9 +170,9 @@ async def test_a_head_that_does_not_complete_in_time_gets_408(sent: bytes) -> No
     async with proxy_port(header_timeout=0.5, idle_timeout=60) as port:
         reader, writer = await exchange(port, sent)
         started = asyncio.get_running_loop().time()
-        for _ in range(3):  # drip, well inside the idle timeout
-            await asyncio.sleep(0.2)
-            writer.write(b"a")
+        for i in range(3):  # drip, well inside the idle timeout (a request line's start:
+            await asyncio.sleep(0.2)  # bytes no request begins with are refused at once)
+            writer.write(b"GET"[i : i + 1] if not sent else b"a")
         status, headers, body = await response(reader)
         assert status.startswith(b"HTTP/1.1 408") and headers["connection"] == "close"
         assert b"RequestTimeout" in body

@@ -26,7 +26,7 @@ STREAMS, EVENTS = 200, 12
 TARGETS = {  # stage -> the method that raises on every third call
     "routing": (Router, "match"),
     "tap": (StreamTap, "_content"),
-    "accounting": (Proxy, "_account"),
+    "accounting": (Proxy, "account"),
     "collector": (RouteCollector, "collect"),
 }
 

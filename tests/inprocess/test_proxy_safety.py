@@ -101,7 +101,13 @@ async def test_upstream_down_and_slow_give_502_and_504() -> None:
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await resp.read()  # the client sees the break, not a clean end
         assert side.proxy is not None
-        assert side.proxy.upstream_errors == {"connection": 0, "timeout": 1, "broken": 1}
+        assert side.proxy.upstream_errors == {
+            "connection": 0,
+            "closed": 0,
+            "timeout": 1,
+            "broken": 1,
+            "malformed": 0,
+        }
 
 
 async def raw_request(port: int, request: bytes) -> bytes:

@@ -174,3 +174,31 @@ def test_sglang_details_the_client_asked_for_pass_unchanged() -> None:
     tap = StreamTap(strip_usage_event=False, strip_spec_details=False)
     assert feed(tap, stream, []) == stream
     assert isinstance(tap.spec_details, dict)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0), max_size=12), ending=st.sampled_from(["\r\n", "\r"]))
+def test_crlf_and_cr_framing_is_read_like_lf_at_any_read_boundaries(
+    cuts: list[int], ending: str
+) -> None:
+    """The SSE grammar's other line ends: the same events found, the same injection removed,
+    every other byte as the upstream framed it."""
+
+    def framed(*events: bytes) -> bytes:
+        return b"".join(e.replace(b"\n", ending.encode()) for e in events)
+
+    tap = StreamTap(strip_usage_event=True)
+    out = feed(tap, framed(*CHAT, USAGE, DONE), cuts)
+    assert out == framed(*CHAT[:-1], stamped(CHAT[-1]), DONE)
+    assert tap.usage is not None and tap.usage["usage"]["completion_tokens"] == 4
+    assert tap.first_content_at is not None and tap.finish_reason == "stop"
+
+
+def test_an_event_larger_than_max_event_turns_the_tap_into_a_plain_relay() -> None:
+    from exporter.proxy.sse import MAX_EVENT
+
+    tap = StreamTap(strip_usage_event=True)
+    big = b'data: {"x":"' + b"y" * (MAX_EVENT + 65536) + b'"}\n\n'
+    out = b"".join(tap.feed(big[i : i + 65536]) for i in range(0, len(big), 65536))
+    out += tap.feed(USAGE) + tap.flush()  # no longer observed: nothing is removed either
+    assert out == big + USAGE and tap.overflowed and tap.usage is None

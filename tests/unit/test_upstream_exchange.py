@@ -1,7 +1,7 @@
 """An upstream exchange around its framer: whatever the read boundaries, the receiver gets the
 body sent and the end exactly, the connection goes back to the pool only when the response
 allows it, a malformed response fails the exchange (a 502 before the head, a broken response
-after it), back-pressure pauses reading, and an abort drops the connection.
+after it; never re-sent), back-pressure pauses reading, and an abort drops the connection.
 The framer alone: test_response_framer.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.proxy.upstream import Broken, Exchange
+from exporter.proxy.upstream import Broken, Closed, Exchange, Malformed
 from tests.receiver import Gather
 from tests.unit.responses import CHUNKED_BODY, RESPONSES, SSE, split
 
@@ -62,9 +62,9 @@ class FakePool:
 
 def exchange_on(method: str, receiver: Gather) -> tuple[Exchange, FakeConnection]:
     conn = FakeConnection()
-    exchange = Exchange(FakePool(), method, b"request", receiver)  # type: ignore[arg-type]
-    exchange.attach(conn, reused=False)  # type: ignore[arg-type]
-    assert conn.transport.written == b"request"
+    exchange = Exchange(FakePool(), method, (), receiver)  # type: ignore[arg-type]
+    conn.transport.write(b"request")
+    exchange.attached(conn)  # type: ignore[arg-type]
     return exchange, conn
 
 
@@ -139,8 +139,8 @@ def test_a_malformed_or_truncated_response_fails_and_drops_the_connection(raw: b
             exchange.feed(rest)
         if conn.exchange is not None:
             exchange.lost()
-        # before the head a failure is the upstream's (a 502), after it a broken response
-        with pytest.raises(Broken if receiver.got is not None else ConnectionResetError):
+        # before the head a 502 (malformed, or closed without an answer), after it broken
+        with pytest.raises(Broken if receiver.got is not None else (Malformed, Closed)):
             await receiver.response()
         assert conn.transport.closed and conn.released is None
 

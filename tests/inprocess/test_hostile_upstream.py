@@ -1,0 +1,248 @@
+"""An upstream that sends what vLLM never would: names that cannot be encoded, per-request
+objects that cannot be true, header bytes that would split the client's response, bytes on an
+idle connection, CRLF-framed streams, bodies and events larger than the budget. The sidecar's
+/metrics stays whole and bounded, counts stay exact or are refused, the client gets the bytes
+as sent or a clean 502, and nothing of it is an internal error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+
+from exporter.sidecar import Sidecar
+from tests.helpers import http_get, until
+from tests.inprocess.test_hostile_clients import connect
+from tests.inprocess.test_downstream import response
+from tests.rig import sidecar
+from tests.scripted import Respond, ok, scripted
+
+CHAT = b"/v1/chat/completions"
+KIB = 1024
+
+
+@asynccontextmanager
+async def proxied(respond: Respond, **config: Any) -> AsyncIterator[tuple[Sidecar, str, str]]:
+    async with scripted(respond) as (url, _), sidecar(url, **config) as (side, proxy, metrics):
+        yield side, proxy, metrics
+
+
+def answering(body: bytes | dict[str, Any], head: bytes = b"") -> Respond:
+    """Every completion answered with `body` (JSON, Content-Length); /metrics empty."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%bContent-Length: %d\r\n\r\n%b"
+            % (head, len(data), data)
+        )
+        return True
+
+    return respond
+
+
+def completion(spec: dict[str, Any] | None, model: str = "sim-27b", tokens: int = 5) -> bytes:
+    doc = {
+        "id": "c1",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens},
+        "metrics": {"speculative_decoding": spec},
+    }
+    return json.dumps(doc).encode()  # ensure_ascii: a lone surrogate travels as \ud800
+
+
+async def post(proxy: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(proxy + CHAT.decode(), json=body) as resp:
+            return resp.status, await resp.read()
+
+
+SPEC = {"num_spec_steps": 2, "num_draft_tokens": 6, "num_accepted_draft_tokens": 3,
+        "acceptance_histogram": [0, 1, 1, 0]}  # fmt: skip
+
+
+async def test_a_model_name_that_cannot_be_encoded_never_breaks_metrics() -> None:
+    async with proxied(answering(completion(SPEC, model="evil\ud800"))) as (side, proxy, metrics):
+        status, body = await post(proxy, {"messages": []})
+        assert status == 200 and b"evil\\ud800" in body  # relayed as sent
+        page = await asyncio.to_thread(http_get, metrics)  # a 500 would raise
+        assert 'model_name="_other"' in page and "evil" not in page
+        status, _ = await post(proxy, {"messages": []})
+        await asyncio.to_thread(http_get, metrics)
+        assert sum(side.faults.counts.values()) == 0
+
+
+async def test_impossible_counts_are_refused_not_counted_as_exact() -> None:
+    """3,001 histogram entries for a k = 3 model, 10^15 steps for a 5-token completion, more
+    drafts than k per step: each is `implausible`, none reaches the exact counters or the
+    position labels."""
+    huge = 10**15
+    objects = [
+        {**SPEC, "num_spec_steps": 3000, "acceptance_histogram": [1] * 3000 + [0]},
+        {"num_spec_steps": huge, "num_draft_tokens": 3 * huge, "num_accepted_draft_tokens": huge,
+         "acceptance_histogram": [0, huge, 0, 0]},
+        {**SPEC, "num_draft_tokens": 7},  # 2 steps of at most 3 drafts
+    ]  # fmt: skip
+    served = iter([*objects, SPEC])
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        return await answering(completion(next(served)))(request, writer)
+
+    async with proxied(respond) as (side, proxy, metrics):
+        for _ in range(4):
+            assert (await post(proxy, {"messages": []}))[0] == 200
+        assert side.proxy is not None
+        accounting = side.proxy.accounting
+        await until(lambda: sum(accounting.requests.values()) == 4)
+        exact = accounting.exact[("other", "sim-27b")]
+        assert (exact.drafts, exact.draft_tokens, exact.accepted) == (2, 6, 3)  # the true one
+        assert accounting.without_exact[("other", "sim-27b", "implausible")] == 3
+        page = await asyncio.to_thread(http_get, metrics)
+        positions = {line.split('position="')[1].split('"')[0]
+                     for line in page.splitlines() if 'position="' in line}  # fmt: skip
+        assert positions <= {"0", "1", "2"}
+
+
+async def test_upstream_header_bytes_are_relayed_as_received() -> None:
+    respond = answering(b"{}", head=b"X-Name: caf\xe9\r\nX-Utf8: \xe2\x9c\x93\r\n")
+    async with proxied(respond) as (_, proxy, _):
+        reader, writer = await connect(int(proxy.rsplit(":", 1)[1]))
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+    assert b"X-Name: caf\xe9\r\n" in head and b"X-Utf8: \xe2\x9c\x93\r\n" in head
+
+
+async def test_a_cr_or_lf_inside_an_upstream_header_is_a_counted_502() -> None:
+    for evil in (b"X-Evil: a\nSet-Cookie: stolen=1\r\n", b"X-Evil: a\rb\r\n"):
+        async with proxied(answering(b"{}", head=evil)) as (side, proxy, _):
+            reader, writer = await connect(int(proxy.rsplit(":", 1)[1]))
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, _ = await response(reader)
+            writer.close()
+            assert status.startswith(b"HTTP/1.1 502") and "set-cookie" not in headers
+            assert side.proxy is not None and side.proxy.upstream_errors["malformed"] == 1
+
+
+async def test_bytes_an_upstream_writes_on_an_idle_connection_reach_no_client() -> None:
+    """Late bytes on a pooled connection would be read as the next request's response: the
+    connection is dropped instead, and the next request gets its own answer."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        if writer not in connections:
+            connections.append(writer)
+        path = request.split(b" ", 2)[1]
+        writer.write(ok(path))
+        if path == b"/first":
+            await writer.drain()
+            writer.write(ok(b"FORGED"))  # unasked, while the connection sits in the pool
+            await writer.drain()
+        return True
+
+    async with proxied(respond) as (_, proxy, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(proxy + "/first") as resp:
+                assert await resp.read() == b"/first"
+            await asyncio.sleep(0.05)  # let the forged bytes land (the check must not race it)
+            async with session.get(proxy + "/second") as resp:
+                assert await resp.read() == b"/second"
+    assert len(connections) == 2
+
+
+def sse_upstream(ending: bytes, got_first: asyncio.Event) -> Respond:
+    """Three events framed with `ending` (line end); the second is only sent once the
+    client has the first: a proxy that holds events would deadlock (the test times out)."""
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        for i in range(3):
+            event = b'data: {"choices":[{"delta":{"content":"%d"}}]}%b%b' % (i, ending, ending)
+            writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+            await writer.drain()
+            if i == 0:
+                await asyncio.wait_for(got_first.wait(), 10)
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    return respond
+
+
+async def test_crlf_and_cr_framed_events_are_relayed_as_they_arrive() -> None:
+    for ending in (b"\r\n", b"\r", b"\n"):
+        got_first = asyncio.Event()
+        async with proxied(sse_upstream(ending, got_first)) as (_, proxy, _):
+            async with aiohttp.ClientSession() as session:
+                body = {"messages": [], "stream": True}
+                async with session.post(proxy + CHAT.decode(), json=body) as resp:
+                    first = await asyncio.wait_for(
+                        resp.content.readexactly(45 + 2 * len(ending)), 10
+                    )
+                    got_first.set()
+                    rest = await resp.read()
+        assert first.startswith(b'data: {"choices":[{"delta":{"content":"0"}}]}')
+        assert (first + rest).count(ending * 2) == 3, ending
+
+
+async def test_a_response_larger_than_the_budget_is_relayed_unread() -> None:
+    big = completion(SPEC)[:-1] + b', "pad": "' + b"x" * (300 * KIB) + b'"}'
+    config = {"max_body_bytes": 128 * KIB, "max_buffered_bytes": 256 * KIB}
+    async with proxied(answering(big), **config) as (side, proxy, _):
+        status, body = await post(proxy, {"messages": []})
+        assert status == 200 and body == big
+        assert side.proxy is not None
+        await until(lambda: sum(side.proxy.accounting.requests.values()) == 1)  # type: ignore[union-attr]
+        assert side.proxy.accounting.without_exact[("other", "", "unread")] == 1
+        assert side.proxy.budget.held == 0
+
+
+async def test_an_event_larger_than_max_event_passes_whole_and_unobserved() -> None:
+    event = b'data: {"x":"' + b"y" * (2 * 1024 * KIB) + b'"}\n\n'
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for start in range(0, len(event), 64 * KIB):
+            piece = event[start : start + 64 * KIB]
+            writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"5\r\ndone!\r\n0\r\n\r\n")
+        return True
+
+    async with proxied(respond) as (side, proxy, _):
+        status, body = await post(proxy, {"messages": [], "stream": True})
+        assert status == 200 and body == event + b"done!"
+        assert side.proxy is not None and side.proxy.budget.held == 0
+        assert sum(side.faults.counts.values()) == 0
+
+
+async def test_garbled_usage_from_upstream_is_no_internal_error() -> None:
+    odd = json.loads(completion(SPEC))
+    odd["usage"] = {"completion_tokens": "five", "prompt_tokens": None}
+    odd["model"] = ["not", "a", "name"]
+    async with proxied(answering(odd)) as (side, proxy, _):
+        assert (await post(proxy, {"messages": []}))[0] == 200
+        assert side.proxy is not None
+        await until(lambda: sum(side.proxy.accounting.requests.values()) == 1)  # type: ignore[union-attr]
+        assert sum(side.faults.counts.values()) == 0
