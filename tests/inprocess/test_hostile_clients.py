@@ -148,7 +148,7 @@ async def test_a_trickled_body_is_408_after_body_timeout() -> None:
 
 
 async def test_trailer_fields_never_reach_the_upstream_as_headers() -> None:
-    async with proxied() as (side, port):
+    async with proxied() as (_, port):
         reader, writer = await connect(port)
         writer.write(
             b"POST /v1/models HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"

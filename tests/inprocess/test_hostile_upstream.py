@@ -16,8 +16,8 @@ import aiohttp
 
 from exporter.sidecar import Sidecar
 from tests.helpers import http_get, until
-from tests.inprocess.test_hostile_clients import connect
 from tests.inprocess.test_downstream import response
+from tests.inprocess.test_hostile_clients import connect
 from tests.rig import sidecar
 from tests.scripted import Respond, ok, scripted
 
