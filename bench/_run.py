@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import os
 import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 
 def guarded(name: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -41,6 +46,54 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+READY_DEADLINE = 30.0
+
+
+def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+
+
+def wait_http(proc: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + READY_DEADLINE
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: its server exited at start (code {proc.returncode})")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready within {READY_DEADLINE:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def proc_stats(pid: int) -> tuple[float, int, float]:
+    """RSS in MB, open fds, CPU seconds (user + system) of one process."""
+    with open(f"/proc/{pid}/statm") as f:
+        rss = int(f.read().split()[1]) * PAGE / 1e6
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return rss, fds, (int(fields[11]) + int(fields[12])) / TICKS
 
 
 # `specdec serve` in front of a simulator: voice_chat by header, coding_agent by path prefix

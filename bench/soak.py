@@ -29,30 +29,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _run import SIDECAR_CONF, die_with_parent, free_port, guarded
+from _run import SIDECAR_CONF, free_port, guarded, proc_stats, spawn, stop, wait_http
 
 from exporter.core.durations import parse_duration
 
 MODEL = "sim-27b"
-TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-READY_DEADLINE = 30.0
 MAX_IN_FLIGHT = 256  # the load generator's own cap: beyond it a tick is skipped, and counted
 MIX = (("voice", 0.45), ("agent", 0.20), ("whole", 0.15), ("junk", 0.12), ("hang-up", 0.08))
 WARM_UP_REPORTS = 1  # the label sets appear in the first report; flat from the next on
@@ -104,52 +97,19 @@ class Engine:
     def _spawn(self, seed: int) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "exporter", "sim", "--listen", f"127.0.0.1:{self.port}"]
         cmd += ["--speed", str(self.speed), "--seed", str(seed)]
-        proc = _spawn(cmd, self.tmp / f"sim-{seed}.log")
-        _wait_http(proc, f"http://127.0.0.1:{self.port}/health")
+        proc = spawn(cmd, self.tmp / f"sim-{seed}.log")
+        wait_http(proc, f"http://127.0.0.1:{self.port}/health")
         return proc
 
     async def restart(self) -> None:
         self.down_since = time.monotonic()
-        await asyncio.to_thread(_stop, self.proc)
+        await asyncio.to_thread(stop, self.proc)
         self.proc = await asyncio.to_thread(self._spawn, 1)
         self.up_again = time.monotonic()
 
     def explains(self, started: float, failed: float) -> bool:
         """The request was under way or began while the engine was down (cut or refused)."""
         return self.down_since is not None and started < self.up_again and failed >= self.down_since
-
-
-def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-
-
-def _wait_http(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + READY_DEADLINE
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: its server exited at start (code {proc.returncode})")
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready within {READY_DEADLINE:.0f} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _body(rng: random.Random, stream: bool) -> dict[str, Any]:
@@ -195,16 +155,6 @@ async def _one(
             tally.error(f"{kind}: {type(exc).__name__}: {exc}"[:300])
 
 
-def _proc_stats(pid: int) -> tuple[float, int, float]:
-    """RSS in MB, open fds, CPU seconds (user + system) of one process."""
-    with open(f"/proc/{pid}/statm") as f:
-        rss = int(f.read().split()[1]) * PAGE / 1e6
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return rss, fds, (int(fields[11]) + int(fields[12])) / TICKS
-
-
 SEEN: dict[str, float] = {}  # series -> minutes into the run it first appeared
 # labels whose values are a fixed set in the code (an outcome, not a name from outside): a new
 # value of one of them is a first occurrence, not growth
@@ -240,16 +190,16 @@ async def soak(args: argparse.Namespace, tmp: Path) -> list[Report]:
         + SIDECAR_CONF.format(metrics=metrics_port, upstream=sim_port, port=proxy_port, model=MODEL)
     )
     engine = Engine(sim_port, args.speed, tmp)
-    sidecar = _spawn(
+    sidecar = spawn(
         [sys.executable, "-m", "exporter", "serve", "--config", str(config)],
         tmp / "sidecar.log",
     )
     try:
-        await asyncio.to_thread(_wait_http, sidecar, f"http://127.0.0.1:{metrics_port}/-/ready")
+        await asyncio.to_thread(wait_http, sidecar, f"http://127.0.0.1:{metrics_port}/-/ready")
         reports = await _drive(args, engine, sidecar.pid, proxy_port, metrics_port)
     finally:
-        _stop(sidecar)
-        _stop(engine.proc)
+        stop(sidecar)
+        stop(engine.proc)
     log = (tmp / "sidecar.log").read_text(errors="replace")
     if sidecar.returncode != 0 or "Traceback" in log:
         raise RuntimeError(
@@ -277,7 +227,7 @@ async def _drive(
         restart_at = duration / 2
         restarted: asyncio.Task[None] | None = None
         next_report = start + args.report_every
-        _, _, cpu_before = _proc_stats(pid)
+        _, _, cpu_before = proc_stats(pid)
         tick, n = 1 / args.rate, 0
         print(
             f"{'min':>6} {'sent':>8} {'ok':>8} {'hangup':>7} {'errors':>6} {'restart':>7} "
@@ -296,7 +246,7 @@ async def _drive(
                 task.add_done_callback(tasks.discard)
                 tally.sent += 1
             if now >= next_report:
-                rss, fds, cpu = _proc_stats(pid)
+                rss, fds, cpu = proc_stats(pid)
                 series, internal, restarts = await _page(session, metrics, (now - start) / 60)
                 report = Report(
                     round((now - start) / 60, 2), tally.sent, tally.ok, tally.hung_up,
@@ -319,7 +269,7 @@ async def _drive(
             await restarted
         await asyncio.gather(*tasks)
         series, internal, restarts = await _page(session, metrics, args.minutes)
-        rss, fds, _ = _proc_stats(pid)
+        rss, fds, _ = proc_stats(pid)
         last = reports[-1] if reports else None
         final = Report(
             round(args.minutes, 2), tally.sent, tally.ok, tally.hung_up, tally.errors,

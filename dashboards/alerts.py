@@ -154,7 +154,7 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
             mix,
             "SpecDecodeExactCountsLost",
             "(sum by (route, model_name) (rate(specdec_route_requests_without_spec_metrics_total"
-            '{reason=~"not_sent|unknown_shape"}[10m])) > 0\n'
+            '{reason=~"not_sent|unknown_shape|implausible"}[10m])) > 0\n'
             " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_spec_requests_total[10m])) > 0)\n"
             "and on (route, model_name) sum by (route, model_name) (increase(specdec_route_spec_requests_total[1d])) > 0\n"
             f"and on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0",

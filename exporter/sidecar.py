@@ -26,7 +26,7 @@ from exporter.export.model_collector import ModelCollector
 from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector, engine_by_model
 from exporter.export.target_collector import TargetCollector
-from exporter.process import graceful, run_until_stopped
+from exporter.process import graceful, return_freed_memory, run_until_stopped
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
 from exporter.scrape.target import Clock, Scraper, TargetState
@@ -289,6 +289,7 @@ def _reload(sidecar: Sidecar, load: Callable[[], Config], log: BoundLogger) -> N
 
 def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     """`specdec serve`: until SIGINT or SIGTERM (drained, exit 0); SIGHUP reloads."""
+    return_freed_memory()
     run_until_stopped(lambda: run(config, reload))
 
 

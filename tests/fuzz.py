@@ -1,16 +1,20 @@
 """Fuzzing the proxy both ways, in one process: seeded random cases thrown at a running proxy.
 
-Client side: request bytes (request lines, headers, chunked bodies, pipelining, truncation,
-flipped and junk bytes) against an upstream that answers every request it gets with one known
-response. Each answer the client reads must be that response or a clean error (vLLM's error
-shape, then the connection closes); nothing else.
+Client side: request bytes (request lines, headers, chunked bodies with trailers, transfer
+codings, header floods, TLS and binary starts, hop-by-hop tricks, bodies routing cannot read,
+pipelining, truncation, flipped and junk bytes) against an upstream that answers every request
+it gets with one known response. Each answer the client reads must be that response or a clean
+error (vLLM's error shape, then the connection closes); nothing else. No trailer ever reaches
+the upstream as a header, and no client moves an internal-error counter.
 
 Upstream side: response bytes (status lines, header sets, Content-Length / chunked /
 until-close framing, truncation, bad chunk sizes, giant and split SSE events, invalid UTF-8,
-JSON of odd shapes, per-request objects with wrong types) answering a normal completion. A
-well-formed response reaches the client exactly (status and body); a broken one gives a clean
-502/504 or a cut stream whose bytes are a prefix of what was sent. Each case is accounted
-exactly once and the route counters stay consistent (accepted <= proposed, none negative).
+JSON of odd shapes, per-request objects with wrong types or impossible counts, model names that
+cannot be encoded, CR/LF/CRLF-framed events, CR or LF inside header values) answering a normal
+completion. A well-formed response reaches the client exactly (status and body); a broken one
+gives a clean 502/504 or a cut stream whose bytes are a prefix of what was sent. Each case is
+accounted exactly once, the route counters stay consistent (accepted <= proposed, none
+negative, no position past k) and the sidecar's page still renders.
 
 Both: no exception reaches the event loop, and the proxy still serves a plain request after
 every batch. `tests/inprocess/test_proxy_fuzz.py` runs bounded counts in CI;
@@ -29,6 +33,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client import generate_latest
 
 from exporter.sidecar import Sidecar
 from tests.rig import sidecar
@@ -117,12 +123,27 @@ BASE = [
     b'5\r\n{"pro\r\n9\r\nmpt":"x"}\r\n0\r\n\r\n',
     b"GET /v1/models HTTP/1.0\r\n\r\n",
     b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\n{}\r\n0\r\nX-Smuggled: 1\r\nAuthorization: Bearer t\r\n\r\n",  # trailers
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: X-Hop\r\nX-Hop: 1\r\n\r\n",
+    b"GET /agent?q=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2008\r\n\r\n"
+    + b'{"a":'
+    + b"[" * 1000
+    + b"]" * 1000
+    + b"}",  # deeper than the routing's JSON reader
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 30\r\n\r\n"
+    + '{"stream": true}'.encode("utf-16-le")[:30],
+    b"\x16\x03\x01\x00\xf4\x01\x00\x00\xf0\x03\x03" + bytes(range(40)),  # TLS
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X: v\r\n" * 200 + b"\r\n",
 ]
 JUNK = [b"\x00", b"\r\n", b"\n", b" ", b"\xff\xfe", b":", b"HTTP/1.1", b"\t", b"%00", b"\x7f",
         b"Transfer-Encoding: chunked\r\n", b"Content-Length: 5\r\n", b"Content-Length: -1\r\n",
         b"Expect: 100-continue\r\n", b"Connection: close\r\n", b"Upgrade: h2c\r\n",
         b"Host: a\r\nHost: b\r\n", b"X-Route: voice\r\n", b"GET http://evil/ HTTP/1.1\r\n",
-        b"CONNECT a:443 HTTP/1.1\r\n", b"fffffffff\r\n", b"0\r\n\r\n", b"A" * 9000]  # fmt: skip
+        b"CONNECT a:443 HTTP/1.1\r\n", b"fffffffff\r\n", b"0\r\n\r\n", b"A" * 9000,
+        b"Transfer-Encoding: gzip, chunked\r\n", b"0\r\nX-Trailer: 1\r\n\r\n",
+        b"Connection: host\r\n", b"\x16\x03\x01"]  # fmt: skip
 
 
 def client_case(rng: random.Random) -> bytes:
@@ -143,7 +164,12 @@ def client_case(rng: random.Random) -> bytes:
     return bytes(data)
 
 
+SMUGGLED: list[bytes] = []  # request heads that reached the upstream with a trailer in them
+
+
 async def echo_ok(request: bytes, writer: asyncio.StreamWriter) -> bool:
+    if b"x-smuggled" in request.partition(b"\r\n\r\n")[0].lower():
+        SMUGGLED.append(request[:300])
     writer.write(OK)
     await writer.drain()
     return True
@@ -198,6 +224,18 @@ class UpstreamCase:
 
 
 def sse_body(rng: random.Random, usage: bool) -> bytes:
+    """Events framed with one line end throughout (LF, CRLF or CR: the SSE grammar's three)."""
+    return _sse_events(rng, usage).replace(b"\n", rng.choice((b"\n", b"\n", b"\r\n", b"\r")))
+
+
+LONG_HISTOGRAM = json.dumps({  # 3,001 positions for a k = 3 model: never 3,000 labels
+    "num_spec_steps": 3000, "num_draft_tokens": 9000, "num_accepted_draft_tokens": 0,
+    "acceptance_histogram": [1] * 3000 + [0],
+})  # fmt: skip
+MODELS = ["m", "evil\\ud800", "x" * 300, "tab\\there", "日本"]  # JSON escapes: the proxy decodes
+
+
+def _sse_events(rng: random.Random, usage: bool) -> bytes:
     events = []
     for _i in range(rng.randrange(0, 12)):
         kind = rng.random()
@@ -233,11 +271,14 @@ def sse_body(rng: random.Random, usage: bool) -> bytes:
             '{"num_spec_steps":2,"num_draft_tokens":1,"num_accepted_draft_tokens":3,"acceptance_histogram":[0,2]}',
             '{"num_spec_steps":-1,"num_draft_tokens":true,"num_accepted_draft_tokens":null}',
             '{"acceptance_histogram":"x"}', "[]", "null", '"x"', "1e400",
+            LONG_HISTOGRAM,
+            '{"num_spec_steps":1000000000000000,"num_draft_tokens":3000000000000000,"num_accepted_draft_tokens":1,"acceptance_histogram":[999999999999999,1,0,0]}',
         ])  # fmt: skip
         tokens = rng.choice(["3", '"3"', "null", "-5", "1e30", "[]"])
         events.append(
-            b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%s},'
-            b'"metrics":{"speculative_decoding":%s}}\n\n' % (tokens.encode(), spec.encode())
+            b'data: {"id":"c","model":"%s","choices":[],"usage":{"prompt_tokens":1,'
+            b'"completion_tokens":%s},"metrics":{"speculative_decoding":%s}}\n\n'
+            % (rng.choice(MODELS).encode(), tokens.encode(), spec.encode())
         )
     events.append(b"data: [DONE]\n\n")
     return b"".join(events)  # chunked framing splits it anywhere, even mid-line
@@ -253,7 +294,7 @@ def upstream_case(rng: random.Random) -> UpstreamCase:
     else:
         body = rng.choice([
             b'{"id":"c","choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],'
-            b'"usage":{"completion_tokens":2},"model":"m"}',
+            b'"usage":{"completion_tokens":2},"model":"%s"}' % rng.choice(MODELS).encode(),
             b'{"usage":"x","metrics":{"speculative_decoding":[1]}}', b"[]", b"not json \xff",
             b'{"error":{"message":"bad","type":"BadRequestError","code":400}}', b"",
         ])  # fmt: skip
@@ -287,6 +328,9 @@ def upstream_case(rng: random.Random) -> UpstreamCase:
                 b"garbage\r\n",
                 b" x: y\r\n",
                 b"ICY 200 OK\r\n",
+                b"x-evil: a\nset-cookie: b\r\n",
+                b"x-evil: a\rb\r\n",
+                b"x-nul: a\x00b\r\n",
             ]
         )
         framed = (
@@ -429,8 +473,9 @@ async def fuzz_client(cases: int, seed: int, concurrency: int = 16) -> Tally:
     async with (
         loop_errors(tally),
         scripted(echo_ok) as (up, _),
-        sidecar(up, header_timeout=0.5, idle_timeout=1.0) as (_, proxy, _),
+        sidecar(up, header_timeout=0.5, body_timeout=1.0, idle_timeout=1.0) as (side, proxy, _),
     ):
+        SMUGGLED.clear()
         port = int(proxy.rsplit(":", 1)[1])
         for start in range(0, cases, concurrency):
             batch = [client_case(rng) for _ in range(min(concurrency, cases - start))]
@@ -441,6 +486,12 @@ async def fuzz_client(cases: int, seed: int, concurrency: int = 16) -> Tally:
             if not await still_serves(proxy):
                 tally.problem(start, "the proxy stopped serving")
                 break
+        for head in SMUGGLED[:5]:
+            tally.problem(cases, f"a trailer reached the upstream as a header: {head!r}")
+        if sum(side.faults.counts.values()):
+            tally.problem(cases, f"clients moved internal-error counters: {side.faults.counts}")
+        if side.proxy is not None and side.proxy.budget.held:
+            tally.problem(cases, f"{side.proxy.budget.held} bytes still held after the run")
     return tally
 
 
@@ -469,6 +520,13 @@ async def fuzz_upstream(
         for key, c in routes.items():
             if c.accepted > c.draft_tokens or min(c.accepted, c.draft_tokens, c.drafts or 0) < 0:
                 tally.problem(cases, f"inconsistent counts for {key}: {c}")
+            configured = key[1] == "sim-27b"  # the rig's model, k = 3; the others are not
+            if len(c.per_position) > (3 if configured else 64):
+                tally.problem(cases, f"positions past k for {key}: {len(c.per_position)}")
+        try:
+            generate_latest(side.registry).decode()
+        except Exception as exc:  # the page must render whatever the upstream sent
+            tally.problem(cases, f"/metrics does not render: {exc!r}")
         figures = {"accounted": float(accounted), "faults": float(sum(side.faults.counts.values()))}
     return tally, figures
 

@@ -197,26 +197,51 @@ class RouteCollector(Collector):
         yield from (acceptance, length, speedup_est, speedup, coverage)
 
     def _health(self) -> Iterator[Metric]:
-        errors = CounterMetricFamily(
-            "specdec_proxy_upstream_errors",
-            "Upstream failures: connection (502), timeout (504), broken (response cut mid-way).",
-            labels=["reason"],
-        )
-        for reason, n in sorted(self.proxy.upstream_errors.items()):
-            errors.add_metric([reason], float(n))
         proxy = self.proxy
+        errors = _counter(
+            "specdec_proxy_upstream_errors",
+            "Upstream failures: connection (502, nothing sent), closed (502, closed after the "
+            "request was written; never re-sent), timeout (504), broken (cut mid-way), malformed "
+            "(not valid HTTP/1.1).",
+            "reason",
+            proxy.upstream_errors,
+        )
         refused = CounterMetricFamily(
             "specdec_proxy_refused_requests",
-            "Requests refused: malformed, absolute URI, CONNECT, body too large, a head too slow.",
+            "Requests refused: malformed, absolute URI, CONNECT, body too large, transfer coding "
+            "not chunked, a head or body too slow.",
         )
         refused.add_metric([], float(proxy.refused))
-        shed = CounterMetricFamily(
+        shed = _counter(
             "specdec_proxy_shed_requests",
-            "Requests answered 503 (Retry-After) past a limit: max_connections or max_in_flight.",
-            labels=["limit"],
+            "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight or "
+            "max_buffered_bytes.",
+            "limit",
+            proxy.shed,
         )
-        for limit, n in sorted(proxy.shed.items()):
-            shed.add_metric([limit], float(n))
+        timeouts = _counter(
+            "specdec_proxy_client_timeouts",
+            "Clients that missed a deadline: head, body (408) or write (cut, upstream dropped).",
+            "phase",
+            proxy.timeouts,
+        )
+        unreadable = _counter(
+            "specdec_proxy_unreadable_requests",
+            "Completion requests whose body is not a UTF-8 JSON object: relayed untouched, "
+            "unaccounted.",
+            "reason",
+            proxy.unreadable,
+        )
+        buffered = GaugeMetricFamily(
+            "specdec_proxy_buffered_bytes",
+            "Bytes held now for request bodies, whole responses and SSE events.",
+            value=float(proxy.budget.held),
+        )
+        limit = GaugeMetricFamily(
+            "specdec_proxy_buffered_bytes_limit",
+            "max_buffered_bytes: past it requests are shed.",
+            value=float(proxy.budget.limit),
+        )
         cut = CounterMetricFamily(
             "specdec_proxy_drain_cut_requests",
             "Requests still in flight when a drain's grace (drain_timeout) ran out: closed.",
@@ -230,7 +255,15 @@ class RouteCollector(Collector):
             "specdec_proxy_client_connections", "Client connections open to the proxy."
         )
         clients.add_metric([], float(proxy.client_connections))
-        yield from (errors, refused, shed, cut, in_flight, clients)
+        yield from (errors, refused, shed, timeouts, unreadable, buffered, limit, cut)
+        yield from (in_flight, clients)
+
+
+def _counter(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([value], float(n))
+    return family
 
 
 def engine_by_model(target: TargetState) -> dict[str, Counts]:

@@ -146,6 +146,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = self.writer.transport = None
         self.reader.release()
+        self.writer.drained()
         self.reader.ready.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -160,7 +161,7 @@ class ClientConnection(asyncio.Protocol):
         self._arm(now + self.deadlines.write)
 
     def resume_writing(self) -> None:
-        self.writer.paused = False
+        self.writer.drained()
         self._stalled_since = None
         if self._call is not None:
             self._call.resume()

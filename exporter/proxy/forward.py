@@ -148,6 +148,7 @@ class Proxy:
         in flight finish as they began. A new upstream or its timeouts: a new pool, the old
         one retired (its connections close as their requests end)."""
         upstream = (config.upstream, config.connect_timeout, config.read_timeout)
+        self.budget.limit = config.max_buffered_bytes  # what is held now stays held
         if upstream != (
             self.config.upstream,
             self.config.connect_timeout,
@@ -367,6 +368,8 @@ class _Call:
             self.writer.respond(
                 head.status, head.reason, headers, out, head_only=self.method == "HEAD"
             )
+            self.writer.keep(self._hold)  # held on while the client has not taken it
+            self._hold = None
         else:
             rest = self.tap.flush() if self.tap is not None else b""
             self.writer.end_stream(rest)

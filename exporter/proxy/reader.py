@@ -87,10 +87,7 @@ class RequestReader:
     def refuse(self, refusal: Refusal) -> None:
         """Nothing after a refusal is read: its answer closes the connection."""
         self._refused = True
-        self._raw.clear()
         self.release()
-        if self._llhttp is not None:
-            self._llhttp.drop()
         self.ready.append(refusal)
 
     def hold(self, size: int) -> Hold | None:
@@ -106,7 +103,11 @@ class RequestReader:
         return hold
 
     def release(self) -> None:
-        """The connection is gone or refused: the bytes held for it go back to the budget."""
+        """The connection is gone or refused: its buffers are freed now (not when the
+        collector gets to the connection's cycles) and their bytes go back to the budget."""
+        self._raw = bytearray()
+        if self._llhttp is not None:
+            self._llhttp.drop()
         if self._hold is not None:
             self._hold.release()
             self._hold = None

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Callable
 from email.utils import formatdate
 
+from exporter.proxy.budget import Hold
+
 HIGH_WATER = 64 * 1024  # bytes buffered for the client before the relay is told to pause
 HTTP_10 = (1, 0)
 
@@ -29,6 +31,24 @@ class ResponseWriter:
         self._ended = ended
         self._pending_head: bytes | None = None  # a streamed response's head, until bytes come
         self._chunked = False
+        self._kept: Hold | None = None  # a whole response's bytes, until the client takes them
+
+    def keep(self, hold: Hold | None) -> None:
+        """The bytes of `hold` were written: they stay held while the client has not read them
+        (the transport buffers them), so a client that reads nothing pins no bytes unaccounted."""
+        if hold is None:
+            return
+        if self.paused and self._kept is None:
+            self._kept = hold
+        else:
+            hold.release()
+
+    def drained(self) -> None:
+        """The client took what was buffered for it (or is gone)."""
+        self.paused = False
+        if self._kept is not None:
+            self._kept.release()
+            self._kept = None
 
     def respond(
         self,

@@ -1,6 +1,6 @@
 """The fuzzers of tests/fuzz.py at bounded counts (the long run: docs/BENCHMARKS.md): client
 request bytes and upstream response bytes thrown at a running proxy; no problem, no exception
-in the event loop, every upstream case accounted once."""
+in the event loop, every upstream case accounted once, no internal error either way."""
 
 from __future__ import annotations
 
@@ -22,3 +22,4 @@ async def test_upstream_bytes_reach_the_client_exactly_or_as_a_clean_error() -> 
     assert not tally.problems, "\n".join(tally.problems)
     assert not tally.loop_errors, tally.loop_errors
     assert figures["accounted"] == CASES
+    assert figures["faults"] == 0, "upstream bytes moved an internal-error counter"
