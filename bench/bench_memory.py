@@ -47,7 +47,8 @@ class Upstream:
         return int(self.server.sockets[0].getsockname()[1])
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+        ended = (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError)
+        with contextlib.suppress(*ended):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = 0
