@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import socket
 import statistics
 import sys
 import tempfile
@@ -171,6 +172,7 @@ async def memory(port: int, metrics: str, pid: int) -> dict[str, float]:
     await asyncio.gather(*streams, return_exceptions=True)
     after = await settle(metrics, pid)
     whole_peak, whole_after = await whole_uploads(port, metrics, pid)
+    per_stalled = await stalled_readers(port, metrics, pid, after)
     bound = baseline + (1.2 * BUDGET + 3 * MAX_BODY) / MIB
     bound += (UPLOADS + STREAMS) * per_connection / 1024
     return {
@@ -182,10 +184,30 @@ async def memory(port: int, metrics: str, pid: int) -> dict[str, float]:
         "bound_mib": bound,
         "after_mib": after,
         "after_over_baseline": after / baseline,
+        "per_stalled_stream_kib": per_stalled,
         "whole_peak_mib": whole_peak,
         "whole_after_mib": whole_after,
         "whole_after_over_baseline": whole_after / baseline,
     }
+
+
+async def stalled_readers(port: int, metrics: str, pid: int, baseline: float) -> float:
+    """50 streams whose clients read nothing (a 4 KiB receive buffer): what each pins, in KiB,
+    until write_timeout cuts it."""
+    clients = []
+    for _ in range(STREAMS):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"GET /bulk?lf HTTP/1.1\r\nHost: x\r\n\r\n")
+        clients.append(writer)
+    peak = await sample_peak(pid, 3)
+    for writer in clients:
+        writer.close()
+    await settle(metrics, pid)
+    return (peak - baseline) / STREAMS * 1024
 
 
 async def whole_uploads(port: int, metrics: str, pid: int) -> tuple[float, float]:
@@ -252,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
           f"{figures['peak_mib']:.1f} MiB (held {figures['held_mib']:.1f} MiB, "
           f"{figures['shed_uploads']:.0f} uploads shed 503) vs the formula's "
           f"{figures['bound_mib']:.1f} MiB")  # fmt: skip
+    print(f"a stream whose client reads nothing pins {figures['per_stalled_stream_kib']:.0f} KiB"
+          " until write_timeout")  # fmt: skip
     print(f"after they closed: {figures['after_mib']:.1f} MiB = "
           f"{figures['after_over_baseline']:.3f} x baseline")  # fmt: skip
     print(f"6 concurrent 15 MiB stream requests: peak {figures['whole_peak_mib']:.1f} MiB, "

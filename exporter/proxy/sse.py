@@ -87,9 +87,10 @@ class StreamTap:
         complete = bytes(buffer[:end]) if pending else data[:end]
         if end < len(buffer):
             self._pending = bytearray(buffer[end:])
+            self._keep()
         elif pending:
             self._pending = bytearray()
-        self._keep()
+            self._release()
         if lf and complete.find(b"\n", 0, end - 2) == -1:  # one single-line event
             return self._event(complete)
         if self._plain(complete):

@@ -28,6 +28,7 @@ from exporter.proxy.framing import FramingError, Head, ResponseFramer
 
 KEEPALIVE = 4.0  # s: reuse an idle connection only this long; uvicorn closes them after 5 s
 MAX_IDLE = 256  # idle connections kept
+READ_SIZE = 64 * 1024  # bytes of one upstream read
 JOIN_BELOW = 64 * 1024  # a request smaller than this goes out in one write (one packet)
 Body = bytes | Sequence[bytes | memoryview]  # pieces: a spliced body is not copied whole
 
@@ -107,6 +108,10 @@ class Upstream:
         exchange.connect()
         return exchange
 
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
     def retire(self) -> None:
         """Replaced (a reload changed the upstream): idle connections close now, busy ones
         when their response ends."""
@@ -168,13 +173,27 @@ def _write(conn: _Connection, pieces: Sequence[bytes | memoryview]) -> None:
         conn.transport.write(piece)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
+    """Reads into a buffer of READ_SIZE: the event loops read up to 256 KiB at a time
+    otherwise, and a read that lands while the client is not reading is held whole in the
+    client's transport; at most READ_SIZE is, so a stalled stream pins little."""
+
     def __init__(self, pool: Upstream) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.idle_since = 0.0
         self._poll: select.poll | None = None  # is the idle socket readable (EOF, late bytes)?
+        self._buffer: memoryview | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(READ_SIZE))
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self._buffer is not None
+        self.data_received(bytes(self._buffer[:nbytes]))
 
     def usable(self, now: float) -> bool:
         """Fit for a request: open, not idle too long, and nothing arrived while it was idle

@@ -7,17 +7,24 @@ as sent or a clean 502, and nothing of it is an internal error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import subprocess
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 
+from exporter.proxy.upstream import Upstream
 from exporter.sidecar import Sidecar
-from tests.helpers import http_get, until
+from tests.helpers import http_get, need_tool, until
 from tests.inprocess.test_downstream import response
 from tests.inprocess.test_hostile_clients import connect
+from tests.receiver import Gather
 from tests.rig import sidecar
 from tests.scripted import Respond, ok, scripted
 
@@ -137,32 +144,40 @@ async def test_a_cr_or_lf_inside_an_upstream_header_is_a_counted_502() -> None:
 
 
 async def test_bytes_an_upstream_writes_on_an_idle_connection_reach_no_client() -> None:
-    """Late bytes on a pooled connection would be read as the next request's response: the
-    connection is dropped instead, and the next request gets its own answer."""
-    connections: list[asyncio.StreamWriter] = []
+    """Late bytes on a pooled connection would be read as the next request's response. The
+    worst case: they land while the proxy's loop is busy, so no read has seen them when the
+    next request is sent; the pool's check finds them and takes a fresh connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    forge, forged = threading.Event(), threading.Event()
 
-    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
-        if b"/metrics" in request:
-            writer.write(ok(b""))
-            return True
-        if writer not in connections:
-            connections.append(writer)
-        path = request.split(b" ", 2)[1]
-        writer.write(ok(path))
-        if path == b"/first":
-            await writer.drain()
-            writer.write(ok(b"FORGED"))  # unasked, while the connection sits in the pool
-            await writer.drain()
-        return True
+    def serve() -> None:
+        for n in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                request = conn.recv(65536)
+                conn.sendall(ok(request.split(b" ", 2)[1]))
+                if n == 0:
+                    forge.wait(10)
+                    conn.sendall(ok(b"FORGED"))  # unasked, while the connection is pooled
+                    forged.set()
+                    with contextlib.suppress(ConnectionError):
+                        assert not conn.recv(65536), "a request written after the forgery"
 
-    async with proxied(respond) as (_, proxy, _):
-        async with aiohttp.ClientSession() as session:
-            async with session.get(proxy + "/first") as resp:
-                assert await resp.read() == b"/first"
-            await asyncio.sleep(0.05)  # let the forged bytes land (the check must not race it)
-            async with session.get(proxy + "/second") as resp:
-                assert await resp.read() == b"/second"
-    assert len(connections) == 2
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    upstream = Upstream(f"http://127.0.0.1:{listener.getsockname()[1]}", 5, 5)
+    first, second = Gather(), Gather()
+    upstream.send("GET", "/first", [], b"", first)
+    assert (await first.response())[1] == b"/first"
+    await until(lambda: upstream.idle_connections == 1)
+    forge.set()
+    assert forged.wait(10)  # the loop is held: no read of the forged bytes yet
+    time.sleep(0.05)  # loopback delivery; the loop is deliberately not run meanwhile
+    upstream.send("GET", "/second", [], b"", second)
+    assert (await second.response())[1] == b"/second"
+    upstream.close()
+    listener.close()
+    thread.join(10)
 
 
 def sse_upstream(ending: bytes, got_first: asyncio.Event) -> Respond:
@@ -246,3 +261,24 @@ async def test_garbled_usage_from_upstream_is_no_internal_error() -> None:
         assert side.proxy is not None
         await until(lambda: sum(side.proxy.accounting.requests.values()) == 1)  # type: ignore[union-attr]
         assert sum(side.faults.counts.values()) == 0
+
+
+async def test_a_collector_that_cannot_render_costs_its_own_families_not_the_page() -> None:
+    """Whatever slips past the label checks: the families of the collector that holds it are
+    left out of that scrape (counted), every other family is served, promtool-clean."""
+    async with proxied(answering(completion(SPEC))) as (side, proxy, metrics):
+        assert (await post(proxy, {"messages": []}))[0] == 200
+        assert side.proxy is not None
+        side.proxy.accounting.requests[("other", "evil\ud800", "200", "stop")] += 1  # planted
+        page = await asyncio.to_thread(http_get, metrics)
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [need_tool("promtool"), "check", "metrics"],
+            input=page.encode(),
+            capture_output=True,
+        )
+    assert result.returncode == 0 and not result.stdout.strip(), result
+    assert "specdec_route_requests_total" not in page  # that collector's families: out
+    assert "specdec_build_info" in page and "specdec_route_spec_requests_total" in page  # others
+    assert 'specdec_proxy_internal_errors_total{stage="collector"}' in page
+    assert side.faults.counts["collector"] >= 1
