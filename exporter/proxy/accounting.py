@@ -133,7 +133,6 @@ class Accounting:
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
         self._drafted: dict[RouteKey, _Weight] = {}  # llama.cpp timings: (draft, accepted) tokens
         self._exact_by_model: dict[str, Counts] = {}
-        self.engine_draft_lengths: dict[str, int] = {}  # model -> the engine's positions
 
     def rewindow(self, windows: Sequence[Window]) -> None:
         """New rolling windows: they fill again from now; the counters are untouched."""
@@ -156,15 +155,10 @@ class Accounting:
 
     def draft_length(self, model: str) -> int:
         """The most draft tokens a step of `model` can have: the configured k, else the
-        engine's own positions (its per-position counters), else the config's bound."""
+        config's bound (an engine's per-position counters show only the positions it has
+        accepted so far, llama.cpp's among them: not a bound)."""
         config = self.model_configs.get(model)
-        if config is not None:
-            return config.num_speculative_tokens
-        return (
-            self.engine_draft_lengths.get(model)
-            or self.engine_draft_lengths.get("")
-            or (MAX_DRAFT_LENGTH)
-        )
+        return MAX_DRAFT_LENGTH if config is None else config.num_speculative_tokens
 
     def record(self, req: RequestOutcome) -> None:
         key = (req.route, req.model_name)
@@ -235,8 +229,6 @@ class Accounting:
         whose counters carry no model_name (llama.cpp: one model per server) is every model's.
         """
         for model, engine in engine_by_model.items():
-            if engine.per_position:
-                self.engine_draft_lengths[model] = len(engine.per_position)
             # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
             if engine.drafts is None or engine.drafts <= 0 or engine.generated is not None:
                 continue
