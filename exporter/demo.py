@@ -23,11 +23,13 @@ from aiohttp import web
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
 from exporter.core.counts import ratios, total
+from exporter.core.stats import LOW_CONFIDENCE_REQUESTS, RequestMoments
 from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.demo_prometheus import log_path, prometheus_child
 from exporter.measure.scenarios import Scenario, builtin
 from exporter.measure.stream_client import RequestFailed, stream_chat
 from exporter.process import graceful, run_until_stopped
+from exporter.proxy.accounting import Accounting
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
 from exporter.sim.server import build_app
@@ -103,40 +105,53 @@ async def _traffic(
             await asyncio.sleep(1.0)
 
 
-def route_line(sidecar: Sidecar, route: str) -> str:
-    """The route over the last window (the proxy's exact accounting): acceptance with its 95 %
-    interval (request-level), tokens per step, decode rate, requests."""
-    assert sidecar.proxy is not None
-    acc = sidecar.proxy.accounting
-    window, now = acc.history.windows[0], time.monotonic()
+def route_line(acc: Accounting, route: str, now: float) -> str:
+    """The route over the last window, or the part of it the sidecar has seen (the proxy's
+    accounting): the exact acceptance with its 95 % interval when the window holds enough
+    requests (marked below LOW_CONFIDENCE_REQUESTS), else the estimate, said so; tokens per
+    step, decode rate, requests."""
+    window = acc.history.windows[0]
+    span = _span(acc.history.span(window, now))
 
     def mine(table: Mapping[tuple[str, str], V]) -> list[V]:
         return [value for (name, _), value in table.items() if name == route]
 
-    r = ratios(total(mine(acc.history.increase(window, now))))
+    r = ratios(total(mine(acc.history.increase(window, now, partial=True))))
     if r.acceptance is None or r.mean_acceptance_length is None:
-        return f"{route:<13} no completed requests in the last {window.label}"
-    moments = mine(acc.moments_history.increase(window, now))
-    se = moments[0].stderr() if moments else None
-    interval = f" ±{196 * se:4.1f}" if se is not None else "      "
-    requests = f"{moments[0].requests:.0f}" if moments else "-"
-    decode = mine(acc.decode_history.increase(window, now))
+        return f"{route:<13} no completed requests in the last {span}"
+    moments = sum(mine(acc.moments_history.increase(window, now, partial=True)), RequestMoments())
+    interval = moments.interval()
+    if interval is not None:
+        figure = f"{100 * interval.estimate:5.1f}% ±{100 * interval.halfwidth:4.1f}"
+    elif moments.requests:
+        figure = f"{100 * moments.accepted / moments.draft_tokens:5.1f}%      "
+    else:
+        figure = f"{100 * r.acceptance:5.1f}% (est.)"
+    decode = mine(acc.decode_history.increase(window, now, partial=True))
     rate = f"{decode[0].rate:6.1f}" if decode and decode[0].rate else "     -"
+    note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"
     return (
-        f"{route:<13} acceptance {100 * r.acceptance:5.1f}%{interval} over {window.label} "
-        f"(proxy)  tokens/step {r.mean_acceptance_length:.2f}  decode {rate} tok/s"
-        f"  requests {requests}"
+        f"{route:<13} acceptance {figure} over {span} (proxy)  tokens/step "
+        f"{r.mean_acceptance_length:.2f}  decode {rate} tok/s  requests "
+        f"{moments.requests:.0f}{note}"
     )
 
 
+def _span(seconds: float) -> str:
+    """A window's label, or the seconds of it seen so far ("23s")."""
+    whole = int(round(seconds))
+    return f"{whole // 60}m" if whole % 60 == 0 and whole else f"{whole}s"
+
+
 def engine_line(sidecar: Sidecar) -> str:
-    state = sidecar.targets[0]
+    state, now = sidecar.targets[0], time.monotonic()
     window = state.history.windows[0]
-    r = ratios(total(list(state.history.increase(window, time.monotonic()).values())))
+    span = _span(state.history.span(window, now))
+    r = ratios(total(list(state.history.increase(window, now, partial=True).values())))
     if r.acceptance is None or r.mean_acceptance_length is None:
-        return f"{'engine':<13} no drafts in the last {window.label} yet"
+        return f"{'engine':<13} no drafts in the last {span} yet"
     return (
-        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}%       over {window.label} "
+        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}%       over {span} "
         f"(vLLM)   tokens/step {r.mean_acceptance_length:.2f}"
     )
 
@@ -199,8 +214,9 @@ async def _report(
                     await asyncio.wait_for(stop.wait(), opts.report_every)
                 if stop.is_set():
                     break
+                assert sidecar.proxy is not None
                 for load in WORKLOADS:
-                    print(route_line(sidecar, load.route))
+                    print(route_line(sidecar.proxy.accounting, load.route, time.monotonic()))
                 print(
                     engine_line(sidecar)
                     + (f"  failed requests {failures[0]}" if failures[0] else ""),

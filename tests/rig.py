@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
+from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
@@ -47,14 +48,20 @@ async def simulator(
 
 @asynccontextmanager
 async def sidecar(
-    upstream: str, kind: str = "vllm", path: str = "/metrics", **proxy: Any
+    upstream: str,
+    kind: str = "vllm",
+    path: str = "/metrics",
+    windows: tuple[Window, ...] = DEFAULT_WINDOWS,
+    **proxy: Any,
 ) -> AsyncIterator[tuple[Sidecar, str, str]]:
     """A sidecar scraping `upstream` (a target of engine `kind`, at `path`) every 0.1 s, with
-    the proxy in front of it (`proxy`: ProxyConfig fields)."""
+    the proxy in front of it (`proxy`: ProxyConfig fields). A window's gauges appear once the
+    sidecar is that old: a test that reads them soon gives a short window."""
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
         targets=(Target("sim", f"{upstream}{path}", engine=kind, interval=0.1),),
+        windows=windows,
         proxy=ProxyConfig(
             upstream, ("127.0.0.1", proxy_port), "sim", proxy.pop("routes", ROUTES), **proxy
         ),

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import yaml
+
 from exporter.config.nodes import ConfigError, compose
 from exporter.config.schema import (
     DEFAULT_INTERVAL,
@@ -23,6 +25,7 @@ from exporter.config.schema import (
     ProxyConfig,
     Route,
     Target,
+    child,
     default_name,
     metrics_url,
     read,
@@ -56,7 +59,31 @@ def load(path: str | Path) -> Config:
     reader = ConfigReader(source)
     config = read(reader, Config, root, "")
     reader.raise_errors()
+    shortest = min(w.seconds for w in config.windows)
+    targets = child(root, "targets")
+    for i, target in enumerate(config.targets):
+        if target.interval >= shortest:
+            node = (
+                child(targets.value[i], "interval")
+                if isinstance(targets, yaml.SequenceNode)
+                else targets
+            )
+            reader.errors.append(
+                reader.fail(
+                    node, f"targets[{i}].interval", _interval_message(target.interval, shortest)
+                )
+            )
+    reader.raise_errors()
     return config
+
+
+def _interval_message(interval: float, shortest: float) -> str:
+    """A scrape interval as long as a window would make that window's figure span one scrape,
+    or none: every window must hold several."""
+    return (
+        f"{interval:g}s is not shorter than the shortest window ({shortest:g}s): the window "
+        "would span a single scrape or none; scrape more often or widen `windows`"
+    )
 
 
 def from_flags(
@@ -71,6 +98,10 @@ def from_flags(
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
         raise ConfigError("command line", None, "--target", "the same host:port is given twice")
+    chosen = tuple(reader.window(w, None, "--window") for w in windows or []) or DEFAULT_WINDOWS
+    if interval >= min(w.seconds for w in chosen):
+        shortest = min(w.seconds for w in chosen)
+        raise ConfigError("command line", None, "--interval", _interval_message(interval, shortest))
     if not 0 < interval <= 3600:
         raise ConfigError(
             "command line",
@@ -83,7 +114,7 @@ def from_flags(
         if listen is None
         else reader.listen_address(listen, None, "--listen"),
         targets=tuple(parsed),
-        windows=tuple(reader.window(w, None, "--window") for w in windows or []) or DEFAULT_WINDOWS,
+        windows=chosen,
     )
 
 

@@ -12,12 +12,48 @@ T = sum t_i draft tokens:
 where S_aa = sum a_i^2, S_at = sum a_i t_i, S_tt = sum t_i^2. Every sum is additive over
 requests, so each is a monotonic counter and any window's (or replica set's) p and Var(p)
 follow from the counters' increases, in PromQL as here.
+
+Small windows: weighted by draft tokens, a window behaves like fewer requests than it holds,
+n_eff = T^2 / S_tt (about 0.55 m for heavy-tailed lengths), so the small-sample factor is
+n_eff / (n_eff - 1), not m / (m - 1), and the 95 % half-width is Student's t(0.975, n_eff - 1)
+times SE, not 1.96 SE. Below MIN_EFFECTIVE_REQUESTS there is no interval at all.
+(m/(m-1) and 1.96 covered 53-59 % of windows at m = 2 and 83-87 % at m = 10; this covers
+93-97 %: docs/ALERTS.md, `bench/coverage.py`.) The estimate targets the draft-token-weighted
+acceptance E[a] / E[t] of the route's requests, not their mean per-request acceptance.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+MIN_EFFECTIVE_REQUESTS = 3.0  # below: no interval (its own spread is too noisy to use)
+LOW_CONFIDENCE_REQUESTS = 30  # below: an interval is shown, marked "low confidence"
+Z_975 = 1.959963984540054
+# Cornish-Fisher terms of t(0.975, df) in powers of 1/df: within 0.8 % of the exact quantile at
+# df = 2, within 0.01 % from df = 5 (PromQL evaluates the same polynomial: dashboards/queries)
+T_975_TERMS = (
+    Z_975,
+    (Z_975**3 + Z_975) / 4,
+    (5 * Z_975**5 + 16 * Z_975**3 + 3 * Z_975) / 96,
+    (3 * Z_975**7 + 19 * Z_975**5 + 17 * Z_975**3 - 15 * Z_975) / 384,
+    (79 * Z_975**9 + 776 * Z_975**7 + 1482 * Z_975**5 - 1920 * Z_975**3 - 945 * Z_975) / 92160,
+)
+
+
+def t_975(df: float) -> float:
+    """Student's t quantile at 0.975 for `df` degrees of freedom (df >= 2)."""
+    return sum(term / df**power for power, term in enumerate(T_975_TERMS))
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A window's acceptance with its 95 % interval: estimate +- halfwidth."""
+
+    estimate: float
+    stderr: float
+    halfwidth: float
+    effective_requests: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,21 +81,23 @@ class RequestMoments:
             self.accepted_times_draft_tokens + accepted * draft_tokens,
         )
 
-    def __sub__(self, other: RequestMoments) -> RequestMoments:
-        return RequestMoments(
-            self.requests - other.requests,
-            self.accepted - other.accepted,
-            self.draft_tokens - other.draft_tokens,
-            self.accepted_squared - other.accepted_squared,
-            self.draft_tokens_squared - other.draft_tokens_squared,
-            self.accepted_times_draft_tokens - other.accepted_times_draft_tokens,
-        )
+    def __add__(self, other: RequestMoments) -> RequestMoments:
+        return _combined(self, other, 1.0)
 
-    def stderr(self) -> float | None:
-        """The cluster-robust standard error of A / T over these requests; None below two
-        requests (no spread to estimate)."""
-        m, total = self.requests, self.draft_tokens
-        if m < 2 or total <= 0:
+    def __sub__(self, other: RequestMoments) -> RequestMoments:
+        return _combined(self, other, -1.0)
+
+    @property
+    def effective_requests(self) -> float:
+        """T^2 / S_tt: how many requests of equal length would weigh as these do."""
+        tt = self.draft_tokens_squared
+        return self.draft_tokens * self.draft_tokens / tt if tt > 0 else 0.0
+
+    def interval(self) -> Interval | None:
+        """The cluster-robust 95 % interval of A / T over these requests, with the small-sample
+        factor and Student's t of their effective number; None below MIN_EFFECTIVE_REQUESTS."""
+        n_eff, total = self.effective_requests, self.draft_tokens
+        if n_eff < MIN_EFFECTIVE_REQUESTS or total <= 0:
             return None
         p = self.accepted / total
         residual = (
@@ -67,4 +105,13 @@ class RequestMoments:
             - 2 * p * self.accepted_times_draft_tokens
             + p * p * self.draft_tokens_squared
         )
-        return math.sqrt(m / (m - 1) * max(0.0, residual)) / total
+        se = math.sqrt(n_eff / (n_eff - 1) * max(0.0, residual)) / total
+        return Interval(p, se, t_975(n_eff - 1) * se, n_eff)
+
+
+_SUMS = ("requests", "accepted", "draft_tokens", "accepted_squared", "draft_tokens_squared",
+         "accepted_times_draft_tokens")  # fmt: skip
+
+
+def _combined(a: RequestMoments, b: RequestMoments, sign: float) -> RequestMoments:
+    return RequestMoments(*(getattr(a, f) + sign * getattr(b, f) for f in _SUMS))

@@ -1,9 +1,12 @@
 """Rolling windows over running sums: the increase of each series over the last 1m, 5m, 15m.
 
 A ring of timestamped snapshots per target. The increase over a window is the newest snapshot
-minus the newest one at least a window old (or the oldest we have, while the sidecar is young).
-A window with no snapshot inside it has no data: a target that stopped answering loses its
-derived gauges once the window has passed, instead of showing stale numbers as live.
+minus the newest one at least a window old. A window means its length: while the history is
+younger than the window there is no figure for it (a 15m gauge of a sidecar started 2 minutes
+ago would be a 2-minute figure under a 15-minute name), unless the caller asks for the partial
+span and says so (`since`). A window with no snapshot inside it has no data: a target that
+stopped answering loses its derived gauges once the window has passed, instead of showing
+stale numbers as live.
 """
 
 from __future__ import annotations
@@ -62,9 +65,13 @@ class History(Generic[V]):
         while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:
             self._ring.popleft()
 
-    def increase(self, window: Window, now: float) -> dict[Key, V]:
-        """Per series, the increase over `window` ending at `now`; empty when it holds no data."""
+    def increase(self, window: Window, now: float, partial: bool = False) -> dict[Key, V]:
+        """Per series, the increase over `window` ending at `now`; empty when it holds no data
+        or the history does not cover the window yet (`partial`: then over what it covers,
+        from `since(now)`)."""
         if not self._ring or self._ring[-1][0] < now - window.seconds:
+            return {}
+        if not partial and self._ring[0][0] > now - window.seconds:
             return {}
         end_t, end = self._ring[-1]
         start = self._baseline(now - window.seconds)
@@ -81,6 +88,10 @@ class History(Generic[V]):
             if base is not None:
                 result[key] = counts - base
         return result
+
+    def span(self, window: Window, now: float) -> float:
+        """Seconds of `window` the history covers at `now` (the window's length once full)."""
+        return min(window.seconds, now - self._ring[0][0]) if self._ring else 0.0
 
     def _baseline(self, since: float) -> Mapping[Key, V]:
         chosen = self._ring[0][1]

@@ -15,6 +15,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from exporter.core.stats import MIN_EFFECTIVE_REQUESTS
 from exporter.proxy.accounting import RUNAWAY_ACCEPTANCE, Accounting
 
 ROUTE = ["route", "model_name"]
@@ -84,10 +85,23 @@ class RequestCollector(Collector):
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*ROUTE, "window"]
+        acceptance = GaugeMetricFamily(
+            "specdec_route_exact_acceptance_ratio",
+            "Accepted / draft tokens over the window of the route's requests with exact counts: "
+            "the figure the interval surrounds.",
+            labels=labels,
+        )
         stderr = GaugeMetricFamily(
             "specdec_route_acceptance_stderr",
             "Cluster-robust standard error of the route's exact acceptance over the window "
-            "(requests as the units); absent below two requests.",
+            "(requests as the units, small-sample factor of the effective requests T^2/S_tt); "
+            f"absent below {MIN_EFFECTIVE_REQUESTS:g} effective requests.",
+            labels=labels,
+        )
+        halfwidth = GaugeMetricFamily(
+            "specdec_route_acceptance_ci_halfwidth",
+            "Half-width of the 95 % interval of the route's exact acceptance over the window: "
+            "Student's t(0.975, effective requests - 1) x the standard error.",
             labels=labels,
         )
         requests = GaugeMetricFamily(
@@ -100,6 +114,9 @@ class RequestCollector(Collector):
             for key, moments in sorted(history.increase(window, now).items()):
                 series = [*key, window.label]
                 requests.add_metric(series, moments.requests)
-                if (se := moments.stderr()) is not None:
-                    stderr.add_metric(series, se)
-        yield from (stderr, requests)
+                if moments.draft_tokens > 0:
+                    acceptance.add_metric(series, moments.accepted / moments.draft_tokens)
+                if (interval := moments.interval()) is not None:
+                    stderr.add_metric(series, interval.stderr)
+                    halfwidth.add_metric(series, interval.halfwidth)
+        yield from (acceptance, stderr, halfwidth, requests)

@@ -131,7 +131,8 @@ class Accounting:
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
-        self._drafted: dict[RouteKey, _Weight] = {}  # llama.cpp timings: (draft, accepted) tokens
+        self._drafted: Counter[RouteKey] = Counter()  # llama.cpp: draft tokens not yet weighed
+        self._draft_tokens_per_step: dict[str, float] = {}  # the engine's, per model_name
         self._exact_by_model: dict[str, Counts] = {}
 
     def rewindow(self, windows: Sequence[Window]) -> None:
@@ -177,14 +178,18 @@ class Accounting:
         if req.without_exact is not None:
             self.without_exact[(req.route, req.model_name, req.without_exact)] += 1
         if req.exact is not None:
-            self.exact[key] = self.exact.get(key, Counts()) + req.exact
-            model = req.model_name
-            self._exact_by_model[model] = self._exact_by_model.get(model, Counts()) + req.exact
+            self._add_exact(key, req.exact)
             self._request_view(key, req.exact, req.finish_reason)
         elif req.drafted is not None:
-            drafted = self._drafted.setdefault(key, _Weight())
-            drafted.steps += req.drafted[0]  # draft tokens, made steps when apportioned
-            drafted.accepted += req.drafted[1]
+            # llama.cpp's own draft and accepted tokens: exact; its verify steps are not known,
+            # and are apportioned from the server's counters (weighed by these tokens)
+            tokens, accepted = req.drafted
+            own = Counts(0.0, float(tokens), float(accepted))
+            self._add_exact(key, own)
+            self._drafted[key] += tokens  # made steps when apportioned
+            per_step = self._draft_tokens_per_step.get(req.model_name)
+            steps = tokens / per_step if per_step else None
+            self._request_view(key, own, req.finish_reason, steps)
         elif req.increments:
             config = self.model_configs.get(req.model_name)
             k = None if config is None else config.num_speculative_tokens
@@ -199,8 +204,16 @@ class Accounting:
         elif req.completion_tokens:
             self._tokens_only[key] += req.completion_tokens
 
-    def _request_view(self, key: RouteKey, exact: Counts, finish_reason: str) -> None:
-        """One exact request's own figures: its moments, acceptance, payoff and loop signature."""
+    def _add_exact(self, key: RouteKey, counts: Counts) -> None:
+        self.exact[key] = self.exact.get(key, Counts()) + counts
+        model = key[1]
+        self._exact_by_model[model] = self._exact_by_model.get(model, Counts()) + counts
+
+    def _request_view(
+        self, key: RouteKey, exact: Counts, finish_reason: str, steps: float | None = None
+    ) -> None:
+        """One exact request's own figures: its moments, acceptance, payoff and loop signature.
+        `steps`: its verify steps when they are an estimate (llama.cpp), not in `exact`."""
         accepted, tokens = exact.accepted, exact.draft_tokens
         if tokens <= 0:
             return
@@ -212,7 +225,7 @@ class Accounting:
             buckets = self.acceptance[key] = Buckets(ACCEPTANCE_BUCKETS)
         buckets.observe(acceptance)
         config = self.model_configs.get(key[1])
-        drafts = exact.drafts
+        drafts = exact.drafts or steps
         # slower: its own tokens per step / the step cost < 1
         if config is not None and drafts and 1 + accepted / drafts < config.step_cost_ratio:
             self.below_breakeven[key] += 1
@@ -237,14 +250,13 @@ class Accounting:
                 return model == "" or key[1] == model
 
             engine_tokens_per_step = 1 + engine.accepted / engine.drafts
+            per_step = engine.draft_tokens / engine.drafts or 1.0
+            self._draft_tokens_per_step[model] = per_step
             for key in [k for k in self._drafted if served(k)]:
-                # llama.cpp's own draft and accepted tokens: weights in the engine's draft
-                # tokens per step, so the routes' draft and accepted tokens come out exact
-                drafted = self._drafted.pop(key)
-                weight = self._weights.setdefault(key, _Weight())
-                per_step = engine.draft_tokens / engine.drafts or 1.0
-                weight.steps += drafted.steps / per_step
-                weight.accepted += drafted.accepted
+                # llama.cpp's requests: their steps weigh in at the engine's draft tokens per
+                # step (their draft and accepted tokens are exact already)
+                tokens = self._drafted.pop(key)
+                self._weights.setdefault(key, _Weight()).steps += tokens / per_step
             for key in [k for k in self._tokens_only if served(k)]:
                 # no increments (not streamed): the route's own streamed tokens per step, or
                 # the engine's average when the route streamed nothing yet

@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 
 from exporter.config import Config, ProxyConfig, Target
+from exporter.core.windows import Window
 from exporter.sidecar import Sidecar
 from tests.helpers import eventually, free_port, samples
 from tests.real_llamacpp.server import LlamaServer, ensure_model, ensure_server
@@ -96,6 +97,7 @@ async def sidecar(srv: LlamaServer) -> AsyncIterator[tuple[str, str]]:
     config = Config(
         listen=("127.0.0.1", metrics_port),
         targets=(Target("llamacpp", srv.metrics_url, engine="llamacpp", interval=0.2),),
+        windows=(Window("30s", 30.0),),  # a window's gauges appear once the sidecar is as old
         proxy=ProxyConfig(srv.base_url, ("127.0.0.1", proxy_port), "llamacpp", ROUTES),
     )
     side = Sidecar(config)
@@ -153,22 +155,28 @@ async def test_counters_and_routes_match_the_server_and_its_timings(server: Llam
 
         async def settled() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
             page = await sidecar_page(metrics)
-            routes = summed(page, "specdec_route_draft_tokens_total")
+            steps = summed(page, "specdec_route_drafts_total", source="estimated")
             engine = summed(page, "specdec_draft_tokens_total")
+            stderr = summed(page, "specdec_route_acceptance_stderr", route="coding_agent")
             return (
                 page
                 if engine == after["llamacpp:spec_decode_num_draft_tokens_total"]
-                and (routes == delta["llamacpp:spec_decode_num_draft_tokens_total"])
+                and steps == pytest.approx(delta["llamacpp:spec_decode_num_drafts_total"])
+                and stderr > 0  # once the sidecar is as old as its window
                 else None
             )
 
-        page = await eventually(settled, 15.0)
+        page = await eventually(settled, 45.0)
     for theirs, ours in COUNTERS.items():
         assert summed(page, ours) == after[theirs], ours  # the sidecar started before the traffic
-    for role in ("drafts", "draft_tokens", "accepted_tokens"):
-        routes = summed(page, f"specdec_route_{role}_total", source="estimated")
+    # the routes' draft and accepted tokens are exact (the requests' own), their steps estimated
+    for role, source in (("drafts", "estimated"), ("draft_tokens", "exact"),
+                         ("accepted_tokens", "exact")):  # fmt: skip
+        routes = summed(page, f"specdec_route_{role}_total", source=source)
         assert routes == pytest.approx(delta[f"llamacpp:spec_decode_num_{role}_total"]), role
     assert summed(page, "specdec_route_drafts_total", source="exact") == 0
+    assert summed(page, "specdec_route_draft_tokens_total", source="estimated") == 0
+    assert summed(page, "specdec_route_spec_requests_total") == 12  # the request-level view
     partly = summed(page, "specdec_route_requests_without_spec_metrics_total", reason="tokens_only")
     assert partly == 12
     assert (

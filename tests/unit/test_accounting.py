@@ -96,19 +96,22 @@ def test_an_engine_without_model_names_is_every_models() -> None:
 
 
 def test_llama_cpp_timings_make_the_routes_tokens_exact() -> None:
-    """Requests that carry their own draft and accepted tokens (llama.cpp's timings) weigh the
-    apportioning with them: each route's draft and accepted tokens are its own, while steps
-    and positions follow at the engine's draft tokens per step."""
+    """Requests that carry their own draft and accepted tokens (llama.cpp's timings): those
+    are each route's exact counts (and its request-level view); its steps and positions are
+    apportioned, weighed at the engine's draft tokens per step."""
     acc = accounting(k=3)
     acc.record(RequestOutcome("a", "tiny", "200", 10, drafted=(9, 6)))
     acc.record(RequestOutcome("b", "tiny", "200", 10, drafted=(3, 0)))
     acc.record(RequestOutcome("b", "tiny", "200", 10, drafted=(6, 2)))
     engine = Counts(6, 18, 8, (5, 2, 1))  # 3 draft tokens per step
     acc.apportion({"": engine})
+    exact_a, exact_b = acc.exact[("a", "tiny")], acc.exact[("b", "tiny")]
+    assert (exact_a.drafts, exact_a.draft_tokens, exact_a.accepted) == (0, 9, 6)
+    assert (exact_b.drafts, exact_b.draft_tokens, exact_b.accepted) == (0, 9, 2)
     a, b = acc.estimated[("a", "tiny")], acc.estimated[("b", "tiny")]
-    assert (a.draft_tokens, a.accepted) == pytest.approx((9, 6))
-    assert (b.draft_tokens, b.accepted) == pytest.approx((9, 2))
     assert (a.drafts, b.drafts) == pytest.approx((3, 3))
+    assert (a.draft_tokens + b.draft_tokens, a.accepted + b.accepted) == pytest.approx((0, 0))
+    assert [m.requests for m in (acc.moments[("a", "tiny")], acc.moments[("b", "tiny")])] == [1, 2]
 
 
 def test_apportion_keeps_models_apart_and_needs_estimates() -> None:

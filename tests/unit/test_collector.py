@@ -9,14 +9,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Target
-from exporter.core.windows import parse_window
+from exporter.core.windows import Window, parse_window
 from exporter.export.target_collector import ERROR_REASONS, TargetCollector
 from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, one_engine, set_counts
 
 WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
-NOW = 120.0
+NOW = 900.0  # the history covers every window (15m)
 
 TRTLLM_PAGE = """\
 # TYPE trtllm_spec_decode_num_draft_tokens_total counter
@@ -27,8 +27,8 @@ trtllm_spec_decode_acceptance_length{{model_name="llama",engine="0"}} 2.5
 """
 
 
-def state(name: str, engine: str = "vllm") -> TargetState:
-    return TargetState(Target(name=name, url=f"http://{name}:8000/metrics", engine=engine), WINDOWS)
+def state(name: str, engine: str = "vllm", windows: tuple[Window, ...] = WINDOWS) -> TargetState:
+    return TargetState(Target(name=name, url=f"http://{name}:8000/metrics", engine=engine), windows)
 
 
 def steady(i: int) -> str:
@@ -38,22 +38,22 @@ def steady(i: int) -> str:
 @pytest.fixture
 def targets() -> list[TargetState]:
     gpu0 = state("gpu0")
-    for i in range(13):  # t = 0 .. 120
+    for i in range(13):  # t = 0 .. 900: the history covers every window
         page = steady(i)
         if i == 12:
             page += "vllm:spec_decode_num_drafts_total{engine=\n"  # one malformed line
-        gpu0.ingest(page, 10.0 * i)
+        gpu0.ingest(page, 75.0 * i)
     gpu0.status, gpu0.last_duration = "up", 0.012
     gpu0.errors["timeout"] += 2
 
     trt = state("trt", engine="trtllm")
     for i in range(13):
-        trt.ingest(TRTLLM_PAGE.format(tokens=1000 + 300 * i, accepted=400 + 150 * i), 10.0 * i)
+        trt.ingest(TRTLLM_PAGE.format(tokens=1000 + 300 * i, accepted=400 + 150 * i), 75.0 * i)
     trt.status, trt.last_duration = "up", 0.003
 
     quiet = state("quiet")  # answers, but no drafts at all in any window
     for i in range(13):
-        quiet.ingest(one_engine(), 10.0 * i)
+        quiet.ingest(one_engine(), 75.0 * i)
     quiet.status, quiet.last_duration = "up", 0.004
 
     down = state("down")  # never answered
@@ -224,7 +224,7 @@ def test_trtllm_target_exports_no_drafts_nor_tokens_per_step(targets):
 
 
 def test_restart_keeps_counters_monotonic_and_is_counted():
-    target = state("gpu0")
+    target = state("gpu0", windows=(Window("10s", 10.0),))
     target.ingest(steady(10), 0.0)
     target.ingest(set_counts(one_engine(), 100, 300, 120, (60, 40, 20)), 10.0)  # restarted
     _, samples = scrape([target], now=10.0)
@@ -232,7 +232,7 @@ def test_restart_keeps_counters_monotonic_and_is_counted():
     assert samples[("specdec_engine_restarts_total", series)] == 1
     assert samples[("specdec_drafts_total", series)] == 1.2e6 + 1000 + 100
     # the window sees the restarted engine's work, not a negative delta
-    window = labels(target="gpu0", model_name=MODEL, engine="0", window="1m")
+    window = labels(target="gpu0", model_name=MODEL, engine="0", window="10s")
     assert samples[("specdec_acceptance_ratio", window)] == pytest.approx(120 / 300)
 
 

@@ -23,6 +23,7 @@ MAY_IMPORT = {
     "exporter.demo": {
         "exporter.config",
         "exporter.measure",
+        "exporter.proxy",  # the workload lines read the proxy's accounting
         "exporter.sidecar",
         "exporter.sim",
         "exporter.demo_prometheus",

@@ -91,11 +91,15 @@ def test_one_minute_at_the_last_snapshot(steady):
     assert r.per_position == pytest.approx((0.7, 0.5, 0.3))
 
 
-def test_young_history_uses_the_oldest_snapshot(steady):
-    # 5m and 15m reach back before t=0: from t=0 to t=120, 12 steps
+def test_a_window_longer_than_the_history_has_no_figure_unless_asked_for_as_partial(steady):
+    # 5m and 15m reach back before t=0: no 5m figure from 2 minutes of history...
     for window in (M5, M15):
-        inc = steady.history.increase(window, 120.0)
+        assert steady.history.increase(window, 120.0) == {}
+        # ...unless the caller takes the partial span (t=0 to t=120, 12 steps) and says so
+        inc = steady.history.increase(window, 120.0, partial=True)
         assert inc == {KEY: Counts(1200.0, 3600.0, 1800.0, (840.0, 600.0, 360.0))}
+        assert steady.history.span(window, 120.0) == 120.0
+    assert steady.history.span(M1, 120.0) == 60.0
 
 
 def test_now_between_snapshots(steady):
@@ -225,9 +229,10 @@ def test_series_first_appearing_mid_window():
 
 def test_series_seen_only_in_the_newest_snapshot_has_no_increase_yet():
     state = new_state()
-    state.ingest(steady_page(0), 0.0)
-    state.ingest(steady_page(1) + second_model(0), 10.0)
-    assert set(state.history.increase(M1, 10.0)) == {KEY}
+    for i in range(7):
+        state.ingest(steady_page(i), 10.0 * i)
+    state.ingest(steady_page(7) + second_model(0), 70.0)
+    assert set(state.history.increase(M1, 70.0)) == {KEY}
 
 
 def test_empty_history():
@@ -288,11 +293,11 @@ def test_engine_all_sums_the_engines_of_a_model():
         assert gauge(
             "specdec_position_acceptance_ratio", "all", position=str(position)
         ) == pytest.approx(value)
-    # 5m at 120 (young: from t=0): 12 steps, same rates on every engine
-    assert gauge("specdec_acceptance_ratio", "all", "5m") == pytest.approx(0.5)
+    # 5m and 15m at 120: the sidecar has 2 minutes of history, not 5: no figure yet
+    assert not [k for k in found if ("window", "5m") in k[1] or ("window", "15m") in k[1]]
     # the "all" series are one per model and window
     all_series = [k for k in found if ("engine", "all") in k[1]]
-    assert len(all_series) == 3 * (2 + 5)  # 3 windows x (ratio, length, 5 positions)
+    assert len(all_series) == 1 * (2 + 5)  # the 1m window x (ratio, length, 5 positions)
 
 
 def test_stale_target_loses_its_gauges_after_the_window():
@@ -313,6 +318,7 @@ def test_a_series_born_at_zero_inside_the_window_counts_whole():
     for born_at_zero, want in ((True, 30.0), (False, 10.0)):
         history: History[Counts] = History([window], born_at_zero=born_at_zero)
         history.record(0.0, {})
-        history.record(10.0, {key: Counts(20.0, 60.0, 30.0)})
-        history.record(20.0, {key: Counts(30.0, 90.0, 45.0)})
-        assert history.increase(window, 20.0)[key].drafts == want
+        history.record(50.0, {})
+        history.record(70.0, {key: Counts(20.0, 60.0, 30.0)})
+        history.record(80.0, {key: Counts(30.0, 90.0, 45.0)})
+        assert history.increase(window, 80.0)[key].drafts == want
