@@ -51,15 +51,28 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     fams = families(args.engine, args.prefix)
     found = delta(before, after, fams)
-    for path, empty in ((args.before, found.before_empty), (args.after, found.after_empty)):
-        if empty:
-            print(
-                f"specdec derive: {path} has no speculative-decoding counters "
-                f"({fams.lead}*_total): not a /metrics page of {args.engine} with speculation "
-                "on (see --engine, --prefix)",
-                file=sys.stderr,
-            )
-            return EXIT_NO_DATA
+    if found.after_empty:
+        print(
+            f"specdec derive: {args.after} has no speculative-decoding counters "
+            f"({fams.lead}*_total): not a /metrics page of {args.engine} with speculation "
+            "on (see --engine, --prefix)",
+            file=sys.stderr,
+        )
+        return EXIT_NO_DATA
+    if found.before_empty:
+        print(
+            f"specdec derive: warning: BEFORE ({args.before}) has no counters: taken as zero — "
+            "the engine started with speculation between the two pages?",
+            file=sys.stderr,
+        )
+    if found.swapped:
+        print(
+            f"specdec derive: counters are lower in {args.after} than in {args.before} with "
+            "the same _created stamps (the same engine run): the files are swapped; give "
+            "BEFORE first",
+            file=sys.stderr,
+        )
+        return EXIT_NO_DATA
     if found.restarted:
         print(
             f"specdec derive: warning: counters are lower in {args.after} than in {args.before} "

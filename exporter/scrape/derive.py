@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.counts import Counts, ratios, total
-from exporter.scrape.families import EngineFamilies, SeriesKey, read_page
+from exporter.scrape.families import EngineFamilies, RawSeries, SeriesKey, read_page
 from exporter.scrape.totals import RunningTotals
 
 
@@ -18,22 +18,35 @@ class Delta:
 
     series: dict[SeriesKey, Counts]
     restarted: list[SeriesKey]  # counters lower in AFTER: taken as an engine restart
+    swapped: list[SeriesKey]  # lower in AFTER with the same `_created`: the files are swapped
     before_empty: bool  # a page without any spec-decode series (not a vLLM page, or spec off)
     after_empty: bool
 
 
 def delta(before: str, after: str, fams: EngineFamilies) -> Delta:
-    """Per series, the work done between two pages (a restart in between is handled)."""
+    """Per series, the work done between two pages (a restart in between is handled; a series
+    first seen in AFTER counts from zero)."""
     store = RunningTotals()
     first, last = read_page(before, fams), read_page(after, fams)
     store.feed(first)
     start = store.snapshot()
     restarted = store.feed(last)
+    swapped = [key for key in restarted if _same_start(first.series[key], last.series[key])]
     series = {
         key: counts - start.get(key, Counts(None if counts.drafts is None else 0.0))
         for key, counts in sorted(store.snapshot().items())
     }
-    return Delta(series, restarted, not first.series, not last.series)
+    return Delta(series, restarted, swapped, not first.series, not last.series)
+
+
+def _same_start(before: RawSeries, after: RawSeries) -> bool:
+    """Both pages stamp the series with the same `_created`: one engine life, so counters that
+    went down were read in the wrong order."""
+    stamps = dict(before.created)
+    shared = [name for name, _ in after.created if name in stamps]
+    return bool(shared) and all(
+        stamps[name] == value for name, value in after.created if name in stamps
+    )
 
 
 def report(deltas: dict[SeriesKey, Counts]) -> dict[str, Any]:

@@ -118,7 +118,8 @@ def test_identical_pages_give_null_rates(tmp_path):
 
 
 def test_reset_between_the_files_counts_the_after_value(tmp_path):
-    after = set_counts(one_engine(), 500, 1500, 600, (300, 200, 100))  # the engine restarted
+    # the engine restarted: lower counters, a new _created
+    after = shift_created(set_counts(one_engine(), 500, 1500, 600, (300, 200, 100)), 600.0)
     doc = derive_json(tmp_path, one_engine(), after)
     [series] = doc["series"]
     assert (series["drafts"], series["draft_tokens"], series["accepted_tokens"]) == (
@@ -272,16 +273,14 @@ def test_a_page_without_spec_decode_counters_exits_1_naming_it(tmp_path, page):
     assert proc.returncode == 1, proc.stderr
     assert "after.prom has no speculative-decoding counters" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-    proc = derive(tmp_path, page, one_engine())
-    assert proc.returncode == 1 and "before.prom has no speculative-decoding" in proc.stderr
+    proc = derive(tmp_path, page, one_engine())  # BEFORE: taken as zero, with a warning
+    assert proc.returncode == 0 and "BEFORE (before.prom) has no counters" in proc.stderr
 
 
-def test_swapped_files_warn_that_they_were_taken_as_a_restart(tmp_path):
+def test_swapped_files_are_refused_and_the_right_order_is_calm(tmp_path):
     later = bump(one_engine(), 1000, 3000, 2000, (900, 700, 400))
     proc = derive(tmp_path, later, one_engine(), "--json")
-    assert proc.returncode == 0
-    assert "warning: counters are lower in" in proc.stderr and "swapped" in proc.stderr
-    assert json.loads(proc.stdout)["total"]["drafts"] > 0
+    assert proc.returncode == 1 and "swapped" in proc.stderr and proc.stdout == ""
     calm = derive(tmp_path, one_engine(), later, "--json")
     assert calm.returncode == 0 and calm.stderr == ""
 
@@ -301,3 +300,40 @@ def test_an_sglang_delta_has_steps_and_tokens_per_step_and_no_token_counts() -> 
         "mean_acceptance_length": 2.5,
         "per_position": None,
     }
+
+
+def test_lower_counters_without_created_stamps_are_a_restart_with_a_warning(tmp_path):
+    """With --api-server-count > 1 vLLM shows no _created: a decrease is all there is to go by."""
+    plain = "\n".join(line for line in one_engine().splitlines() if "_created" not in line)
+    after = set_counts(plain, 500, 1500, 600, (300, 200, 100))
+    proc = derive(tmp_path, plain, after, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["total"]["drafts"] == 500.0
+    assert "treated as an engine restart" in proc.stderr
+
+
+def test_lower_counters_with_the_same_created_are_swapped_files(tmp_path):
+    after = bump(one_engine(), 1000, 3000, 1500, (700, 500, 300))
+    proc = derive(tmp_path, after, one_engine())  # given the wrong way round
+    assert proc.returncode == 1
+    assert proc.stdout == ""  # no table
+    [line] = proc.stderr.splitlines()
+    assert "before.prom" in line and "after.prom" in line and "swapped" in line
+
+
+def test_a_before_page_without_counters_is_taken_as_zero(tmp_path):
+    """The engine started (or turned speculation on) between the two pages: AFTER's figures."""
+    before = '# a vLLM page without speculation\nvllm:num_requests_running{model_name="m"} 0\n'
+    proc = derive(tmp_path, before, one_engine(), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["total"]["drafts"] == 1.2e6 and doc["total"]["accepted_tokens"] == 2.04e6
+    assert doc["total"]["acceptance_rate"] == pytest.approx(2.04e6 / 3.6e6)
+    [line] = proc.stderr.splitlines()
+    assert "BEFORE (before.prom) has no counters: taken as zero" in line
+
+
+def test_an_after_page_without_counters_is_an_error(tmp_path):
+    proc = derive(tmp_path, one_engine(), "vllm:num_requests_running 0\n")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "after.prom has no speculative-decoding counters" in proc.stderr
