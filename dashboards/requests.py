@@ -28,6 +28,7 @@ from dashboards.panels import (
     timeseries,
 )
 from dashboards.queries import panels as Q
+from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 
 NAME = "requests"  # its uid: the mixin's prefix, then this
 
@@ -83,37 +84,52 @@ def now_stats(mix: Mixin) -> list[Any]:
     ]
 
 
+CONFIDENCE = [
+    {
+        "type": "value",
+        "options": {
+            "0": {"index": 0, "text": "ok"},
+            "1": {"color": "orange", "index": 1, "text": "low confidence"},
+        },
+    }
+]
+
+
 def interval_table(mix: Mixin) -> Any:
     long = mix.acceptance_drop.windows[-1]
     columns = {
         "route": "Route",
         "model_name": "Model",
         "Value #A": f"Acceptance ({long})",
-        "Value #B": "- 2 SE",
-        "Value #C": "+ 2 SE",
+        "Value #B": "95 % low",
+        "Value #C": "95 % high",
         "Value #D": "Requests",
+        "Value #F": "Confidence",
         "Value #E": "Last 24 h",
     }
-    percent = (f"Acceptance ({long})", "- 2 SE", "+ 2 SE", "Last 24 h")
+    percent = (f"Acceptance ({long})", "95 % low", "95 % high", "Last 24 h")
     return table(
         "Routes: acceptance with its 95 % interval",
-        f"Per route over the last {long}: exact acceptance and the interval of two "
-        "request-level standard errors around it (requests, not tokens, are the independent "
-        "units, so a window of a few long requests gets the wide interval it deserves). Two "
-        "routes differ when their intervals do not overlap; the PromQL cookbook has the "
-        "difference with its own standard error.",
+        f"Per route over the last {long}: exact acceptance and its 95 % interval, Student's t "
+        "of the window's effective requests times the request-level standard error (requests, "
+        "not tokens, are the independent units, so a window of a few long requests gets the "
+        "wide interval it deserves; no interval below 3 effective requests, 'low confidence' "
+        f"below {LOW_CONFIDENCE_REQUESTS} requests). Two routes differ when their intervals do "
+        "not overlap; the PromQL cookbook has the difference with its own standard error.",
         [
             ("", Q.exact_rule("exact_acceptance", "ratio_rate", long)),
             ("", Q.acceptance_band(long, "-")),
             ("", Q.acceptance_band(long, "+")),
             ("", Q.exact_rule("spec_requests", "increase", long)),
             ("", Q.exact_rule("exact_acceptance", "ratio_rate", "1d")),
+            ("", Q.low_confidence(long)),
         ],
         columns=columns,
         sort_by="route",
         overrides=[
             *(by_name(name, prop("unit", PERCENT), prop("decimals", 1)) for name in percent),
             by_name("Requests", prop("unit", COUNT), prop("decimals", 0)),
+            by_name("Confidence", prop("mappings", CONFIDENCE)),
         ],
     )
 
@@ -121,13 +137,14 @@ def interval_table(mix: Mixin) -> Any:
 def per_route() -> list[tuple[int, list[Any]]]:
     band = timeseries(
         "Acceptance and its 95 % interval: $route",
-        "Exact acceptance over 5-minute windows (solid) and two request-level standard errors "
-        "either side (shaded). A narrow band: many requests, alike. A wide one: few requests, "
-        "or requests that differ (a route mixing kinds of prompts).",
+        "Exact acceptance over 5-minute windows (solid) and its 95 % interval (shaded): "
+        "Student's t of the window's effective requests times the request-level standard error. "
+        "A narrow band: many requests, alike. A wide one: few requests, or requests that differ "
+        "(a route mixing kinds of prompts). No band below 3 effective requests.",
         [
             ("acceptance", Q.exact_rule("exact_acceptance", "ratio_rate", "5m")),
-            ("+2 SE", Q.acceptance_band("5m", "+")),
-            ("-2 SE", Q.acceptance_band("5m", "-")),
+            ("95 % high", Q.acceptance_band("5m", "+")),
+            ("95 % low", Q.acceptance_band("5m", "-")),
         ],
         PERCENT,
         min_value=0,
@@ -136,7 +153,7 @@ def per_route() -> list[tuple[int, list[Any]]]:
         overrides=[
             by_ref(
                 "B",
-                prop("custom.fillBelowTo", "-2 SE"),
+                prop("custom.fillBelowTo", "95 % low"),
                 prop("custom.fillOpacity", 20),
                 prop("custom.lineWidth", 0),
             ),

@@ -41,7 +41,9 @@ def request_level_rules(mix: Mixin) -> list[dict[str, Any]]:
         out += [
             record(rule("exact_acceptance", "ratio_rate", w), moments.exact_acceptance(w)),
             record(rule("spec_requests", "increase", w), moments.spec_requests(w)),
+            record(rule("effective_requests", "delta", w), moments.effective_requests(w)),
             record(rule("acceptance_stderr", "rate", w), moments.acceptance_stderr(w)),
+            record(rule("acceptance_ci_halfwidth", "rate", w), moments.ci_halfwidth(w)),
         ]
     for w in mix.acceptance_drop.windows:
         out += [

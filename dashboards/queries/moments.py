@@ -1,24 +1,30 @@
 """Request-level statistics of a route's acceptance as PromQL, from the per-request moment
 counters (exporter/core/stats.py has the same formula in Python).
 
-Over a window of w seconds, with r_x = sum by (route, model_name) (rate(x[w])) of the exact
-counters and m the requests in the window:
+Over a window, with d_x the increase of counter x between the first and the last sample in the
+window (max_over_time - min_over_time, summed by route and model_name: no extrapolation, so
+every sum describes the same requests, those the scrapes saw end inside the window):
 
-    p  = r_A / r_T
-    SE = sqrt(m / (m - 1) * max(0, r_aa - 2 p r_at + p^2 r_tt) / w) / r_T
+    p     = d_A / d_T
+    n_eff = d_T^2 / d_tt                                          (effective requests)
+    SE    = sqrt(n_eff / (n_eff - 1) * max(0, d_aa - 2 p d_at + p^2 d_tt)) / d_T
+    half-width (95 %) = t(0.975, n_eff - 1) * SE                  (none below n_eff = 3)
 
-Requests are the independent units (cluster-robust), so a window of few long requests gets
-the wide interval it deserves. All sums are counters: summed across replicas first, as always.
-A route's drop against its own day is judged by z = (p_1d - p) / SE, where SE is the larger of
-the window's own and the one the day's per-request spread predicts for the window's m requests
-(a few alike requests must not make a tiny SE).
+`rate()` or `increase()` would extrapolate each sum to the window's edges: with 15 s scrapes a
+1m window's SE came out 0.84-0.87 of the true one. A window across a reset of the sidecar's
+counters (a restart) has no interval. Requests are the independent units (cluster-robust), so a
+window of few long requests gets the wide interval it deserves. All sums are counters: summed
+across replicas first, as always. A route's drop against its own day is judged by
+z = (p_1d - p) / SE, where SE is the larger of the window's own and the one the day's
+per-request spread predicts for the window's requests (a few alike requests must not make a
+tiny SE).
 """
 
 from __future__ import annotations
 
-from dashboards.mixin import seconds
 from dashboards.promql import by, ratio, sum_rate
 from dashboards.selectors import ROUTE
+from exporter.core.stats import MIN_EFFECTIVE_REQUESTS, T_975_TERMS
 
 LEVEL = "route_model_name"
 EXACT = 'source="exact"'
@@ -45,6 +51,23 @@ def _moments(window: str, sel: str = "") -> dict[str, str]:
     }
 
 
+def _delta(counter: str, window: str, sel: str = "") -> str:
+    """The counter's increase between the first and the last sample in the window, summed."""
+    series = f"{counter}{{{sel}}}[{window}]" if sel else f"{counter}[{window}]"
+    return f"sum {by(ROUTE)} (max_over_time({series}) - min_over_time({series}))"
+
+
+def _deltas(window: str) -> dict[str, str]:
+    return {
+        "A": _delta("specdec_route_accepted_tokens_total", window, EXACT),
+        "T": _delta("specdec_route_draft_tokens_total", window, EXACT),
+        "aa": _delta("specdec_route_request_accepted_tokens_squared_total", window),
+        "at": _delta("specdec_route_request_accepted_times_draft_tokens_total", window),
+        "tt": _delta("specdec_route_request_draft_tokens_squared_total", window),
+        "m": _delta("specdec_route_spec_requests_total", window),
+    }
+
+
 def exact_acceptance(window: str, sel: str = "") -> str:
     """Accepted / draft tokens of the requests with per-request objects (the ones with moments)."""
     r = _moments(window, sel)
@@ -63,14 +86,35 @@ def residual(p: str, window: str, sel: str = "") -> str:
     return f"(\n{r['aa']}\n- 2 * {p} * {r['at']}\n+ {p} ^ 2 * {r['tt']}\n)"
 
 
+def effective_requests(window: str) -> str:
+    """d_T^2 / d_tt, the requests the window weighs as; absent across a counter reset."""
+    d = _deltas(window)
+    resets = f"sum {by(ROUTE)} (resets(specdec_route_spec_requests_total[{window}]))"
+    return f"{d['T']} ^ 2\n/\n({d['tt']} > 0)\nunless on (route, model_name) ({resets} > 0)"
+
+
 def acceptance_stderr(window: str) -> str:
-    """The window's own cluster-robust SE of the exact acceptance (needs m >= 2)."""
-    p, m = rule("exact_acceptance", "ratio_rate", window), rule("spec_requests", "increase", window)
-    total = _moments(window)["T"]
+    """The window's own cluster-robust SE of the exact acceptance, small-sample corrected by
+    its effective requests; absent below MIN_EFFECTIVE_REQUESTS."""
+    d = _deltas(window)
+    n = f"({rule('effective_requests', 'delta', window)} >= {MIN_EFFECTIVE_REQUESTS:g})"
+    p = f"({d['A']}\n/ ({d['T']} > 0))"
+    residual = f"(\n{d['aa']}\n- 2 * {p} * {d['at']}\n+ {p} ^ 2 * {d['tt']}\n)"
     return (
-        f"sqrt(\n  clamp_min({residual(p, window)}, 0) / {seconds(window)}\n"
-        f"  * {m} / ({m} - 1 > 0)\n)\n/ ({total} > 0)"
+        f"sqrt(\n  clamp_min({residual}, 0)\n  * on (route, model_name) {n} / ({n} - 1)\n)\n"
+        f"/ ({d['T']} > 0)"
     )
+
+
+def ci_halfwidth(window: str) -> str:
+    """t(0.975, n_eff - 1) x SE: Student's quantile by its Cornish-Fisher series in 1 / df
+    (the same terms as exporter/core/stats.py)."""
+    df = f"({rule('effective_requests', 'delta', window)} - 1)"
+    terms = " + ".join(
+        f"{term:.10g}" if power == 0 else f"{term:.10g} / {df} ^ {power}"
+        for power, term in enumerate(T_975_TERMS)
+    )
+    return f"({terms})\n* on (route, model_name) {rule('acceptance_stderr', 'rate', window)}"
 
 
 def residual_variance_1d() -> str:
@@ -81,12 +125,11 @@ def residual_variance_1d() -> str:
 
 
 def baseline_stderr(window: str) -> str:
-    """The SE the day's per-request spread predicts for the window's m requests:
-    sqrt(m q) / T, T the window's draft tokens."""
-    m = rule("spec_requests", "increase", window)
+    """The SE the day's per-request spread predicts for the window's requests: sqrt(d_m q) /
+    d_T, from the same samples as the window's own SE."""
+    d = _deltas(window)
     q = rule("request_residual_variance", "ratio_rate", "1d")
-    total = _moments(window)["T"]
-    return f"sqrt({m} * on (route, model_name) {q})\n/ ({total} * {seconds(window)} > 0)"
+    return f"sqrt({d['m']} * on (route, model_name) {q})\n/ ({d['T']} > 0)"
 
 
 def drop_zscore(window: str) -> str:

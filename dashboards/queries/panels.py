@@ -13,6 +13,7 @@ import re
 from dashboards.promql import by, ratio, sum_rate
 from dashboards.queries import moments, spec
 from dashboards.selectors import ENGINE
+from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 
 RATE = "$__rate_interval"
 
@@ -243,10 +244,17 @@ def acceptance_now(window: str) -> str:
 
 
 def acceptance_band(window: str, sign: str) -> str:
-    """The exact acceptance plus or minus two request-level standard errors."""
+    """The exact acceptance plus or minus its 95 % half-width (Student's t of the window's
+    effective requests times the request-level SE; none below 3 effective requests)."""
     p = exact_rule("exact_acceptance", "ratio_rate", window)
-    se = exact_rule("acceptance_stderr", "rate", window)
-    return f"{p} {sign} 2 * {se}"
+    halfwidth = exact_rule("acceptance_ci_halfwidth", "rate", window)
+    return f"{p} {sign} on (route, model_name) {halfwidth}"
+
+
+def low_confidence(window: str) -> str:
+    """1 where the window holds fewer than LOW_CONFIDENCE_REQUESTS requests, else 0."""
+    requests = exact_rule("spec_requests", "increase", window)
+    return f"{requests} < bool {LOW_CONFIDENCE_REQUESTS}"
 
 
 def acceptance_heatmap() -> str:
