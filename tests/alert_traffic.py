@@ -112,6 +112,7 @@ def input_series(scenario: Scenario, seed: int) -> list[dict[str, str]]:
                 ("tt", tokens * tokens),
                 ("aa", accepted * accepted),
                 ("at", accepted * tokens),
+                ("ttt", tokens**3),
             ):
                 per_scrape[name][i] += value
         labels = f'route="{route.name}", model_name="{MODEL}", {JOB}'
@@ -131,6 +132,7 @@ _COUNTERS = {  # per-request sums -> (family, extra labels)
     "tt": ("specdec_route_request_draft_tokens_squared_total", ""),
     "aa": ("specdec_route_request_accepted_tokens_squared_total", ""),
     "at": ("specdec_route_request_accepted_times_draft_tokens_total", ""),
+    "ttt": ("specdec_route_request_draft_tokens_cubed_total", ""),
 }
 
 

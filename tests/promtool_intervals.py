@@ -22,6 +22,7 @@ FIELDS = [
     ("specdec_route_request_draft_tokens_squared_total", "", "draft_tokens_squared"),
     ("specdec_route_request_accepted_tokens_squared_total", "", "accepted_squared"),
     ("specdec_route_request_accepted_times_draft_tokens_total", "", "accepted_times_draft_tokens"),
+    ("specdec_route_request_draft_tokens_cubed_total", "", "draft_tokens_cubed"),
 ]
 JOB = 'job="specdec", instance="127.0.0.1:10419"'
 HEAD = """\

@@ -7,7 +7,8 @@ every sum describes the same requests, those the scrapes saw end inside the wind
 
     p     = d_A / d_T
     n_eff = d_T^2 / d_tt                                          (effective requests)
-    SE    = sqrt(n_eff / (n_eff - 1) * max(0, d_aa - 2 p d_at + p^2 d_tt)) / d_T
+    kept  = 1 - 2 d_ttt / (d_T d_tt) + 1 / n_eff                  (small-sample factor: 1 / kept)
+    SE    = sqrt(max(0, d_aa - 2 p d_at + p^2 d_tt) / kept) / d_T
     half-width (95 %) = t(0.975, n_eff - 1) * SE                  (none below n_eff = 3)
 
 `rate()` or `increase()` would extrapolate each sum to the window's edges: with 15 s scrapes a
@@ -64,6 +65,7 @@ def _deltas(window: str) -> dict[str, str]:
         "aa": _delta("specdec_route_request_accepted_tokens_squared_total", window),
         "at": _delta("specdec_route_request_accepted_times_draft_tokens_total", window),
         "tt": _delta("specdec_route_request_draft_tokens_squared_total", window),
+        "ttt": _delta("specdec_route_request_draft_tokens_cubed_total", window),
         "m": _delta("specdec_route_spec_requests_total", window),
     }
 
@@ -94,16 +96,14 @@ def effective_requests(window: str) -> str:
 
 
 def acceptance_stderr(window: str) -> str:
-    """The window's own cluster-robust SE of the exact acceptance, small-sample corrected by
-    its effective requests; absent below MIN_EFFECTIVE_REQUESTS."""
+    """The window's own cluster-robust SE of the exact acceptance, with the small-sample
+    factor of its lengths; absent below MIN_EFFECTIVE_REQUESTS effective requests."""
     d = _deltas(window)
     n = f"({rule('effective_requests', 'delta', window)} >= {MIN_EFFECTIVE_REQUESTS:g})"
     p = f"({d['A']}\n/ ({d['T']} > 0))"
     residual = f"(\n{d['aa']}\n- 2 * {p} * {d['at']}\n+ {p} ^ 2 * {d['tt']}\n)"
-    return (
-        f"sqrt(\n  clamp_min({residual}, 0)\n  * on (route, model_name) {n} / ({n} - 1)\n)\n"
-        f"/ ({d['T']} > 0)"
-    )
+    kept = f"(1 - 2 * {d['ttt']} / ({d['T']} * {d['tt']}) + on (route, model_name) 1 / {n})"
+    return f"sqrt(\n  clamp_min({residual}, 0)\n  / ({kept} > 0)\n)\n/ ({d['T']} > 0)"
 
 
 def ci_halfwidth(window: str) -> str:

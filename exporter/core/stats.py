@@ -14,11 +14,18 @@ requests, so each is a monotonic counter and any window's (or replica set's) p a
 follow from the counters' increases, in PromQL as here.
 
 Small windows: weighted by draft tokens, a window behaves like fewer requests than it holds,
-n_eff = T^2 / S_tt (about 0.55 m for heavy-tailed lengths), so the small-sample factor is
-n_eff / (n_eff - 1), not m / (m - 1), and the 95 % half-width is Student's t(0.975, n_eff - 1)
-times SE, not 1.96 SE. Below MIN_EFFECTIVE_REQUESTS there is no interval at all.
-(m/(m-1) and 1.96 covered 53-59 % of windows at m = 2 and 83-87 % at m = 10; this covers
-93-97 %: docs/ALERTS.md, `bench/coverage.py`.) The estimate targets the draft-token-weighted
+n_eff = T^2 / S_tt (about 0.55 m for heavy-tailed lengths), and the residuals of its long
+requests are pulled toward zero by their own weight in p. With a request's spread growing with
+its length (Var(a_i - p t_i) ~ s^2 t_i^2, what a per-request acceptance gives), the sum of
+squared residuals has expectation s^2 (S_tt - 2 S_ttt / T + S_tt^2 / T^2), so the unbiased
+small-sample factor is
+
+    1 / (1 - 2 S_ttt / (T S_tt) + 1 / n_eff)          (S_ttt = sum t_i^3)
+
+which is m / (m - 1) for equal lengths and larger for heavy-tailed ones; the 95 % half-width is
+Student's t(0.975, n_eff - 1) times SE, not 1.96 SE. Below MIN_EFFECTIVE_REQUESTS there is no
+interval at all. (m/(m-1) and 1.96 covered 53-59 % of windows at m = 2 and 83-87 % at m = 10;
+this covers 93-97 % at c >= 5: docs/ALERTS.md, `bench/coverage.py`.) The estimate targets the draft-token-weighted
 acceptance E[a] / E[t] of the route's requests, not their mean per-request acceptance.
 """
 
@@ -58,8 +65,8 @@ class Interval:
 
 @dataclass(frozen=True, slots=True)
 class RequestMoments:
-    """Sums over the requests that proposed at least one draft token: m, A, T and the second
-    moments S_aa, S_tt, S_at. Monotonic and additive, so windows are differences."""
+    """Sums over the requests that proposed at least one draft token: m, A, T, the second
+    moments S_aa, S_tt, S_at and S_ttt. Monotonic and additive, so windows are differences."""
 
     requests: float = 0.0
     accepted: float = 0.0
@@ -67,6 +74,7 @@ class RequestMoments:
     accepted_squared: float = 0.0
     draft_tokens_squared: float = 0.0
     accepted_times_draft_tokens: float = 0.0
+    draft_tokens_cubed: float = 0.0
 
     def with_request(self, accepted: float, draft_tokens: float) -> RequestMoments:
         """These sums plus one request (unchanged when it proposed no draft token)."""
@@ -79,6 +87,7 @@ class RequestMoments:
             self.accepted_squared + accepted * accepted,
             self.draft_tokens_squared + draft_tokens * draft_tokens,
             self.accepted_times_draft_tokens + accepted * draft_tokens,
+            self.draft_tokens_cubed + draft_tokens**3,
         )
 
     def __add__(self, other: RequestMoments) -> RequestMoments:
@@ -105,12 +114,15 @@ class RequestMoments:
             - 2 * p * self.accepted_times_draft_tokens
             + p * p * self.draft_tokens_squared
         )
-        se = math.sqrt(n_eff / (n_eff - 1) * max(0.0, residual)) / total
+        kept = 1 - 2 * self.draft_tokens_cubed / (total * self.draft_tokens_squared) + 1 / n_eff
+        if kept <= 0:
+            return None
+        se = math.sqrt(max(0.0, residual) / kept) / total
         return Interval(p, se, t_975(n_eff - 1) * se, n_eff)
 
 
 _SUMS = ("requests", "accepted", "draft_tokens", "accepted_squared", "draft_tokens_squared",
-         "accepted_times_draft_tokens")  # fmt: skip
+         "accepted_times_draft_tokens", "draft_tokens_cubed")  # fmt: skip
 
 
 def _combined(a: RequestMoments, b: RequestMoments, sign: float) -> RequestMoments:

@@ -40,6 +40,12 @@ MOMENTS = (  # family, help, field of RequestMoments: the names are a contract
         "Sum over those requests of accepted times draft tokens (S_at).",
         "accepted_times_draft_tokens",
     ),
+    (
+        "specdec_route_request_draft_tokens_cubed",
+        "Sum over those requests of the cube of their draft tokens (S_ttt): the small-sample "
+        "factor of a window of unequal lengths.",
+        "draft_tokens_cubed",
+    ),
 )
 
 
@@ -94,7 +100,7 @@ class RequestCollector(Collector):
         stderr = GaugeMetricFamily(
             "specdec_route_acceptance_stderr",
             "Cluster-robust standard error of the route's exact acceptance over the window "
-            "(requests as the units, small-sample factor of the effective requests T^2/S_tt); "
+            "(requests as the units, small-sample factor from S_tt and S_ttt); "
             f"absent below {MIN_EFFECTIVE_REQUESTS:g} effective requests.",
             labels=labels,
         )

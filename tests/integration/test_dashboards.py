@@ -176,12 +176,12 @@ def test_dashboards_type_check_against_grafana_schema() -> None:
 
 def test_every_panel_query_returns_data(live: Live) -> None:
     prometheus = live.prometheus
-    empty = panels_without_data(prometheus, dashboards(), VALUES, DATA_DEADLINE)
+    empty = panels_without_data(prometheus, dashboards(), VALUES, DATA_DEADLINE, live.started)
     assert not empty, f"{len(empty)} queries without data after {DATA_DEADLINE:.0f} s:\n" + (
         "\n".join(empty)
     )
     # with "All" selected (as a dashboard opens) too
-    assert not queries_without_data(prometheus, dashboards(), {})
+    assert not queries_without_data(prometheus, dashboards(), {}, live.started)
 
 
 def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None
         if os.environ.get("CI"):
             pytest.fail("matplotlib is not installed; the test extra must bring it")
         pytest.skip("matplotlib not installed")
-    assert not panels_without_data(prometheus, dashboards(), {}, DATA_DEADLINE)
+    assert not panels_without_data(prometheus, dashboards(), {}, DATA_DEADLINE, live.started)
     done = subprocess.run(
         [
             sys.executable,

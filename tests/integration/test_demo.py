@@ -1,4 +1,5 @@
-"""`specdec demo` as the README runs it: acceptance shows up within 30 s, Ctrl-C stops it all;
+"""`specdec demo` as the README runs it: acceptance lines within 30 s (the 1m gauge once the
+sidecar is a minute old), Ctrl-C stops it all;
 SIGTERM and SIGHUP too, with its Prometheus child and temp dir; busy ports and a child that
 dies at start are one clear message."""
 
@@ -42,14 +43,6 @@ def test_demo_shows_both_workloads_and_stops_cleanly(tmp_path: Path) -> None:
         )
         try:
             url = f"http://127.0.0.1:{side_port}/metrics"
-            ratio = wait_for(
-                lambda: value(
-                    samples(http_get(url)), "specdec_acceptance_ratio", engine="all", window="1m"
-                ),
-                timeout=30,
-                what="specdec_acceptance_ratio within 30 s",
-            )
-            assert 0.36 < ratio < 0.71  # the engine mixes both workloads
 
             def latest() -> dict[str, float] | None:
                 found: dict[str, float] = {}
@@ -58,9 +51,19 @@ def test_demo_shows_both_workloads_and_stops_cleanly(tmp_path: Path) -> None:
                         found[match.group(1)] = float(match.group(2)) / 100
                 return found if len(found) == 2 else None
 
+            # the lines show the part of the minute seen so far, within 30 s of the start...
             per_workload = wait_for(latest, timeout=30, what="a line per workload")
             assert 0.26 < per_workload["voice_chat"] < 0.46, per_workload
             assert 0.61 < per_workload["coding_agent"] < 0.81, per_workload
+            # ...the sidecar's 1m gauge once it holds a minute of history
+            ratio = wait_for(
+                lambda: value(
+                    samples(http_get(url)), "specdec_acceptance_ratio", engine="all", window="1m"
+                ),
+                timeout=90,
+                what="specdec_acceptance_ratio within 90 s",
+            )
+            assert 0.36 < ratio < 0.71  # the engine mixes both workloads
         finally:
             proc.send_signal(signal.SIGINT)  # Ctrl-C
             code = proc.wait(15)

@@ -115,7 +115,7 @@ def test_every_panel_returns_data_with_the_sidecar_under_another_job(
     assert live.query(f'up{{job="{JOB}"}} == 1'), "the sidecar is not scraped under its job"
     assert not live.query('up{job="specdec"}')
     values = {"job": JOB, "model_name": MODEL, "route": "voice_chat|coding_agent", "engine": "0"}
-    empty = panels_without_data(live.prometheus, dashboards(mix), values, 120.0)
+    empty = panels_without_data(live.prometheus, dashboards(mix), values, 120.0, live.started)
     assert not empty, f"{len(empty)} queries without data:\n" + "\n".join(empty)
     # and the alert that names the job: silent while the sidecar is up
     assert live.query('ALERTS{alertname="SpecDecodeExporterDown"}') == []

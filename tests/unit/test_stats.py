@@ -20,14 +20,25 @@ K = 3
 
 
 def direct_stderr(requests: list[tuple[int, int]]) -> float:
-    """The cluster-robust SE written out over the requests themselves, with n_eff = T^2 / S_tt
-    in the small-sample factor."""
+    """The cluster-robust SE written out over the requests themselves, with the small-sample
+    factor 1 / (1 - 2 sum t^3 / (T sum t^2) + sum t^2 / T^2)."""
     accepted = sum(a for a, _ in requests)
     tokens = sum(t for _, t in requests)
-    n_eff = tokens**2 / sum(t * t for _, t in requests)
+    squared = sum(t * t for _, t in requests)
+    cubed = sum(t**3 for _, t in requests)
     p = accepted / tokens
     squares = sum((a - p * t) ** 2 for a, t in requests)
-    return math.sqrt(n_eff / (n_eff - 1) * squares) / tokens
+    kept = 1 - 2 * cubed / (tokens * squared) + squared / tokens**2
+    return math.sqrt(squares / kept) / tokens
+
+
+def test_equal_lengths_give_the_classic_factor() -> None:
+    requests = [(10, 30), (20, 30), (5, 30), (25, 30)]
+    m, tokens = 4, 120
+    p = 60 / tokens
+    classic = math.sqrt(m / (m - 1) * sum((a - p * t) ** 2 for a, t in requests)) / tokens
+    interval = moments(requests).interval()
+    assert interval is not None and interval.stderr == pytest.approx(classic)
 
 
 def moments(requests: list[tuple[int, int]]) -> RequestMoments:
