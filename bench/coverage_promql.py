@@ -60,7 +60,13 @@ COUNTERS = {
 
 
 def route_series(
-    route: str, mean: float, c: float, rate: float, phase: int, seconds: int, rng: np.random.Generator
+    route: str,
+    mean: float,
+    c: float,
+    rate: float,
+    phase: int,
+    seconds: int,
+    rng: np.random.Generator,
 ) -> list[dict[str, str]]:
     """The route's counters as a Prometheus scraping every 15 s at `phase` stores them."""
     n = rng.poisson(rate * seconds / 60)
@@ -141,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             results = list(pool.map(lambda mc: run_cell(args, *mc, Path(tmp)), jobs))
     print("mean     c   n/min  phase  windows shown  covers  sqrt(mean SE^2 / mean err^2)")
     for (mean, c), found in zip(jobs, results, strict=True):
-        for route, f in found.items():
+        for f in found.values():
             shown = f["shown"]
             cover = f["covered"] / shown if shown else math.nan
             ratio = math.sqrt(f["se2"] / f["err2"]) if f["err2"] else math.nan

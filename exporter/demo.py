@@ -139,7 +139,7 @@ def route_line(acc: Accounting, route: str, now: float) -> str:
 
 def _span(seconds: float) -> str:
     """A window's label, or the seconds of it seen so far ("23s")."""
-    whole = int(round(seconds))
+    whole = round(seconds)
     return f"{whole // 60}m" if whole % 60 == 0 and whole else f"{whole}s"
 
 

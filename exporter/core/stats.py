@@ -25,8 +25,9 @@ small-sample factor is
 which is m / (m - 1) for equal lengths and larger for heavy-tailed ones; the 95 % half-width is
 Student's t(0.975, n_eff - 1) times SE, not 1.96 SE. Below MIN_EFFECTIVE_REQUESTS there is no
 interval at all. (m/(m-1) and 1.96 covered 53-59 % of windows at m = 2 and 83-87 % at m = 10;
-this covers 93-97 % at c >= 5: docs/ALERTS.md, `bench/coverage.py`.) The estimate targets the draft-token-weighted
-acceptance E[a] / E[t] of the route's requests, not their mean per-request acceptance.
+this covers 93-97 % at c >= 5: docs/ALERTS.md, `bench/coverage.py`.) The estimate targets the
+draft-token-weighted acceptance E[a] / E[t] of the route's requests, not their mean per-request
+acceptance.
 """
 
 from __future__ import annotations
