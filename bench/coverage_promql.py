@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -89,18 +90,47 @@ def route_series(
     return out
 
 
+CHUNK = 240 * 60  # seconds of windows one query covers (promtool's sample limit)
+
+
 def asked(seconds: int) -> dict[str, str]:
+    """The four figures per chunk of the run, keyed "figure@end" (the chunk's end, seconds);
+    each chunk's query text differs (`+ 0 * end`) so promtool's answers can be told apart."""
     on = "on (route, model_name)"
     shown = f"{HALF}"
     covered = f"abs({P} - {on} {TRUTH}) <= {on} {HALF}"
     error = f"({P} - {on} {TRUTH}) ^ 2 and {on} {HALF}"
-    span = f"[{seconds - 120}s:60s]"  # from the second minute on: the first window is young
-    return {
-        "shown": f"count_over_time(({shown}){span})",
-        "covered": f"count_over_time(({covered}){span})",
-        "se2": f"avg_over_time(({SE} ^ 2 and {on} {HALF}){span})",
-        "err2": f"avg_over_time(({error}){span})",
+    inner = {
+        "shown": ("count_over_time", shown),
+        "covered": ("count_over_time", covered),
+        "se2": ("avg_over_time", f"{SE} ^ 2 and {on} {HALF}"),
+        "err2": ("avg_over_time", error),
     }
+    out = {}
+    start = 120  # from the second minute on: the first window is young
+    while start < seconds:
+        end = min(start + CHUNK, seconds)
+        span = f"[{end - start}s:60s]"
+        for key, (fn, expr) in inner.items():
+            out[f"{key}@{end}"] = f"{fn}(({expr}){span}) + 0 * {end}"
+        start = end
+    return out
+
+
+def combine(got: dict[str, float]) -> dict[str, float]:
+    """Chunks into the run's figures: counts add, means weigh by the windows shown."""
+    ends = sorted({int(k.split("@")[1]) for k in got if "@" in k})
+    total = {"shown": 0.0, "covered": 0.0, "se2": 0.0, "err2": 0.0}
+    for end in ends:
+        shown = got.get(f"shown@{end}", 0.0)
+        total["shown"] += shown
+        total["covered"] += got.get(f"covered@{end}", 0.0)
+        total["se2"] += shown * got.get(f"se2@{end}", 0.0)
+        total["err2"] += shown * got.get(f"err2@{end}", 0.0)
+    if total["shown"]:
+        total["se2"] /= total["shown"]
+        total["err2"] /= total["shown"]
+    return total
 
 
 def run_cell(args: argparse.Namespace, mean: float, c: float, tmp: Path) -> dict[str, dict]:
@@ -122,17 +152,20 @@ def run_cell(args: argparse.Namespace, mean: float, c: float, tmp: Path) -> dict
             "interval": f"{GRID}s",
             "input_series": series,
             "promql_expr_test": [  # expect nothing, so promtool prints what it got
-                {"expr": q, "eval_time": f"{seconds}s", "exp_samples": []}
-                for q in questions.values()
+                {"expr": q, "eval_time": f"{key.split('@')[1]}s", "exp_samples": []}
+                for key, q in questions.items()
             ],
         }],
     }  # fmt: skip
     path = tmp / f"coverage-{mean}-{c}.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 30))
-    templates = {k: q.replace(f"[{seconds - 120}s", "[{T}s") for k, q in questions.items()}
+    templates = {k: re.sub(r"\[\d+s:", "[{T}s:", q) for k, q in questions.items()}
     got = run_promtool(args.promtool, path, templates)
-    return {route: {k: got.get(k, {}).get(route, 0.0) for k in questions} | {"rate": rate,
-            "phase": phase} for route, (rate, phase) in routes.items()}  # fmt: skip
+    return {
+        route: combine({k: got.get(k, {}).get(route, 0.0) for k in questions})
+        | {"rate": rate, "phase": phase}
+        for route, (rate, phase) in routes.items()
+    }
 
 
 def run(args: argparse.Namespace) -> int:

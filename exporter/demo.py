@@ -21,8 +21,9 @@ from typing import TypeVar
 import aiohttp
 from aiohttp import web
 
-from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
+from exporter.config import Config, ModelConfig, ProxyConfig, Route, StepTimePoint, Target
 from exporter.core.counts import ratios, total
+from exporter.core.payoff import Decode, Speedups
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS, RequestMoments
 from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.demo_prometheus import log_path, prometheus_child
@@ -31,11 +32,15 @@ from exporter.measure.stream_client import RequestFailed, stream_chat
 from exporter.process import graceful, run_until_stopped
 from exporter.proxy.accounting import Accounting
 from exporter.sidecar import Sidecar
-from exporter.sim.decoder import DRAFT_COST, PLAIN_STEP_SECONDS, SimEngine
+from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
+from exporter.sim.steptime import MODEL as STEP_TIME
 
 MODEL = "sim-27b"
+K = 3  # the simulator's draft length
+CURVE_BATCHES = (1, 2, 4, 8, 16, 32)
 V = TypeVar("V")
+AGREE = 0.05  # the two speedups agree within this share
 
 
 @dataclass
@@ -74,14 +79,19 @@ def config(opts: Options) -> Config:
         Route("voice_chat", headers=(("x-route", "voice"),)),
         Route("coding_agent", path_prefix="/agent"),
     )
-    step_cost = 1 + DRAFT_COST * 3
+    # the step-time curve `specdec measure --concurrency` finds on the simulator (in real time)
+    curve = tuple(
+        StepTimePoint(b, STEP_TIME.plain(b) / opts.speed, STEP_TIME.verify(b, K) / opts.speed)
+        for b in CURVE_BATCHES
+    )
+    step_cost = STEP_TIME.verify(1, K) / STEP_TIME.plain(1)
     return Config(
         listen=(opts.host, opts.sidecar_port),
         targets=(Target("sim", f"{base}:{opts.sim_port}/metrics"),),
         windows=DEFAULT_WINDOWS,
         proxy=ProxyConfig(f"{base}:{opts.sim_port}", (opts.host, opts.proxy_port), "sim", routes),
         # the published dense-27B figures: ~20 GB read per token, 1.7 TB/s -> ~85 tok/s ceiling
-        models=(ModelConfig(MODEL, 3, step_cost, 1 / PLAIN_STEP_SECONDS, 20e9, 1.7e12),),
+        models=(ModelConfig(MODEL, K, step_cost, 1 / STEP_TIME.plain(1), 20e9, 1.7e12, curve),),
     )
 
 
@@ -105,11 +115,13 @@ async def _traffic(
             await asyncio.sleep(1.0)
 
 
-def route_line(acc: Accounting, route: str, now: float) -> str:
+def route_line(acc: Accounting, route: str, now: float, running: float | None = None) -> str:
     """The route over the last window, or the part of it the sidecar has seen (the proxy's
     accounting): the exact acceptance with its 95 % interval when the window holds enough
     requests (marked below LOW_CONFIDENCE_REQUESTS), else the estimate, said so; tokens per
-    step, decode rate, requests."""
+    step, decode rate, the speedup at the engine's mean batch `running` (the sidecar's
+    estimate; the measured one beside it only when the two differ by more than 5 %, with
+    why), requests."""
     window = acc.history.windows[0]
     span = _span(acc.history.span(window, now))
 
@@ -127,14 +139,29 @@ def route_line(acc: Accounting, route: str, now: float) -> str:
         figure = f"{100 * moments.accepted / moments.draft_tokens:5.1f}%      "
     else:
         figure = f"{100 * r.acceptance:5.1f}% (est.)"
-    decode = mine(acc.decode_history.increase(window, now, partial=True))
-    rate = f"{decode[0].rate:6.1f}" if decode and decode[0].rate else "     -"
+    decoded = mine(acc.decoded(window, now, partial=True))
+    every, exact = decoded[0] if decoded else (Decode(), Decode())
+    rate = f"{every.rate:6.1f}" if every.rate else "     -"
+    config = acc.model_configs.get(MODEL)
+    curve = None if config is None else config.curve
+    payoff = Speedups.at_load(curve, running, r.mean_acceptance_length, every, exact)
     note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"
     return (
         f"{route:<13} acceptance {figure} over {span} (proxy)  tokens/step "
-        f"{r.mean_acceptance_length:.2f}  decode {rate} tok/s  requests "
-        f"{moments.requests:.0f}{note}"
+        f"{r.mean_acceptance_length:.2f}  decode {rate} tok/s{_speedup(payoff, running)}  "
+        f"requests {moments.requests:.0f}{note}"
     )
+
+
+def _speedup(payoff: Speedups, running: float | None) -> str:
+    """`  speedup x1.15 at batch 4.0`, and the measured figure when it disagrees."""
+    if payoff.estimated is None or running is None:
+        return ""
+    text = f"  speedup x{payoff.estimated:.2f} at batch {running:.1f}"
+    measured = payoff.measured
+    if measured is not None and abs(measured / payoff.estimated - 1) > AGREE:
+        text += f" (decode rate says x{measured:.2f}: max_tokens cuts or few streamed requests)"
+    return text
 
 
 def _span(seconds: float) -> str:
@@ -215,8 +242,12 @@ async def _report(
                 if stop.is_set():
                     break
                 assert sidecar.proxy is not None
+                now = time.monotonic()
+                state = sidecar.targets[0]
+                running = state.mean_running(state.history.windows[0], now, partial=True)
                 for load in WORKLOADS:
-                    print(route_line(sidecar.proxy.accounting, load.route, time.monotonic()))
+                    line = route_line(sidecar.proxy.accounting, load.route, now, running.get(MODEL))
+                    print(line)
                 print(
                     engine_line(sidecar)
                     + (f"  failed requests {failures[0]}" if failures[0] else ""),

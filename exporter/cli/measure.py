@@ -6,13 +6,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from exporter.cli.common import EXIT_USAGE, Verbs
-from exporter.measure.report import Roofline, document, plot, to_csv, to_json, to_table
+from exporter.measure.curve import Level, measure_curve
+from exporter.measure.report import (
+    Roofline,
+    curve_plot,
+    curve_table,
+    document,
+    plot,
+    to_csv,
+    to_json,
+    to_table,
+)
 from exporter.measure.runner import MeasureError, Plan, ScenarioResult, measure
 from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_file
 
@@ -66,10 +77,12 @@ def register(verbs: Verbs) -> None:
     )
     p.add_argument(
         "--concurrency",
-        type=int,
-        default=1,
-        metavar="N",
-        help="requests in flight at once (default 1: single-stream, as published)",
+        default="1",
+        metavar="N[,N...]",
+        help="requests in flight at once (default 1: single-stream, as published); several "
+        "levels (1,4,16) with --baseline-url measure the step-time curve: per level the "
+        "engine's running requests, seconds per step with and without speculation, the "
+        "speedup, and a `models:` block with the curve",
     )
     p.add_argument("--model", help="the model name to request (default: the first of /v1/models)")
     p.add_argument(
@@ -122,14 +135,29 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError) as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.runs < 1 or args.concurrency < 1:
-        print("specdec measure: --runs and --concurrency must be >= 1", file=sys.stderr)
+    levels = _levels(args.concurrency)
+    if args.runs < 1 or levels is None:
+        print(
+            "specdec measure: --runs must be >= 1 and --concurrency N or N,N,... with each N "
+            f">= 1 (got --concurrency {args.concurrency!r})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if len(levels) > 1 and not args.baseline_url:
+        print(
+            "specdec measure: several --concurrency levels measure the step-time curve and "
+            "need --baseline-url (the same model without speculation)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.plot and not _writable(args.plot):
+        print(f"specdec measure: --plot {args.plot}: cannot write there", file=sys.stderr)
         return EXIT_USAGE
     if (args.bytes_per_token is None) != (args.bandwidth is None):
         print("specdec measure: give --bytes-per-token and --bandwidth together", file=sys.stderr)
         return EXIT_USAGE
     roofline = Roofline(args.bytes_per_token, args.bandwidth) if args.bandwidth else None
-    plan = Plan(args.runs, args.concurrency, args.temperature)
+    plan = Plan(args.runs, levels[0], args.temperature)
     try:
         base = base_url(args.base_url, "--base-url")
         plain_base = base_url(args.baseline_url, "--baseline-url") if args.baseline_url else None
@@ -138,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if len(levels) > 1:
+        assert plain_base is not None  # checked above
+        return _curve(args, base, plain_base, scenarios, levels, plan)
     spec: list[ScenarioResult] = []
     plain: list[ScenarioResult] = []
     code = 0
@@ -173,7 +204,13 @@ def run(args: argparse.Namespace) -> int:
             f"specdec measure: {len(failures)} request(s) failed, e.g. {failures[0]}",
             file=sys.stderr,
         )
-    print(to_json(doc) if args.json else to_csv(doc) if args.csv else to_table(doc, args.model))
+    print(
+        to_json(doc)
+        if args.json
+        else to_csv(doc)
+        if args.csv
+        else to_table(doc, _served_model(spec))
+    )
     if args.plot:
         try:
             plot(doc, args.plot)
@@ -184,6 +221,72 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_FAILED
     return code
+
+
+def _curve(
+    args: argparse.Namespace,
+    base: str,
+    plain_base: str,
+    scenarios: list[Scenario],
+    levels: list[int],
+    plan: Plan,
+) -> int:
+    """The step-time curve: every level against both endpoints, then the table or JSON."""
+    found: list[Level] = []
+    code = 0
+    try:
+        asyncio.run(measure_curve(base, plain_base, scenarios, args.model, levels, plan, found))
+    except MeasureError as exc:
+        print(f"specdec measure: {exc}", file=sys.stderr)
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        print("\nspecdec measure: interrupted; the levels measured so far:", file=sys.stderr)
+        code = 130
+    rows = [level.row() for level in found if level.spec.requests and level.plain.requests]
+    if not rows:
+        return code or EXIT_FAILED
+    k = _draft_length(found)
+    model = _served_model([r for level in found for r in level.spec.results]) or "MODEL"
+    print(to_json({"levels": rows}) if args.json else curve_table(rows, model, k))
+    if args.plot:
+        try:
+            curve_plot(rows, args.plot)
+        except ImportError:
+            print(
+                "specdec measure: --plot needs matplotlib (pip install 'specdec[plot]')",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+    return code
+
+
+def _draft_length(levels: list[Level]) -> int | None:
+    """k as the per-request objects state it (num_spec_tokens), else None."""
+    for level in levels:
+        for r in level.spec.requests:
+            if r.spec and isinstance(r.spec.get("num_spec_tokens"), int):
+                return int(r.spec["num_spec_tokens"])
+    return None
+
+
+def _served_model(results: list[ScenarioResult]) -> str | None:
+    """The model name the requests asked for (the first of /v1/models unless --model)."""
+    return next((r.model for r in results if r.model), None)
+
+
+def _levels(text: str) -> list[int] | None:
+    """`1,4,16` -> [1, 4, 16]; None unless every part is a whole number >= 1."""
+    try:
+        levels = [int(part) for part in text.split(",")]
+    except ValueError:
+        return None
+    return levels if levels and min(levels) >= 1 else None
+
+
+def _writable(path: str) -> bool:
+    """Whether a file can be created at `path` (its directory exists and is writable)."""
+    parent = Path(path).expanduser().resolve().parent
+    return parent.is_dir() and os.access(parent, os.W_OK)
 
 
 def base_url(url: str, flag: str, strip_v1: bool = True) -> str:

@@ -22,6 +22,7 @@ from exporter.config.nodes import (
     one_of,
     whole,
 )
+from exporter.core.payoff import StepCurve, StepPoint, single_point_curve
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 
 ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "trtllm")  # a target's `engine:`: whose counter names
@@ -200,6 +201,15 @@ _POSITIVE = number(1e-9, 1e18)
 
 
 @dataclass(frozen=True, slots=True)
+class StepTimePoint:
+    """One measured point of the step-time curve (`specdec measure --concurrency` prints them)."""
+
+    running: float = setting(number(0.0, 1e6))
+    plain_seconds: float = setting(_POSITIVE)
+    verify_seconds: float | None = setting(_POSITIVE, None)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """What the payoff figures need to know about a served model."""
 
@@ -209,6 +219,23 @@ class ModelConfig:
     plain_decode_tokens_per_second: float | None = setting(_POSITIVE, None)
     bytes_per_token: float | None = setting(_POSITIVE, None)
     memory_bandwidth_bytes_per_second: float | None = setting(_POSITIVE, None)
+    step_time: tuple[StepTimePoint, ...] = setting(
+        objects(StepTimePoint, "a non-empty list of step-time points", unique="running"), ()
+    )
+
+    @property
+    def curve(self) -> StepCurve | None:
+        """Step seconds against the batch: the measured curve, else the single-stream point
+        (plain rate and step cost), else None (no plain rate: no speedup can be stated)."""
+        if self.step_time:
+            return StepCurve(
+                tuple(
+                    StepPoint(p.running, p.plain_seconds, p.verify_seconds) for p in self.step_time
+                )
+            )
+        if self.plain_decode_tokens_per_second:
+            return single_point_curve(self.step_cost_ratio, self.plain_decode_tokens_per_second)
+        return None
 
 
 def _targets(r: Reader, node: yaml.Node, key: str) -> tuple[Target, ...]:

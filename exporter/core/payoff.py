@@ -1,36 +1,158 @@
-"""The published payoff analysis as pure functions of measured numbers plus model config.
+"""The payoff analysis as pure functions of measured numbers plus model config.
 
-A verify step with k drafts costs `step_cost_ratio` plain decode steps and yields `tokens per
-step` tokens, so speculation pays `tokens_per_step / step_cost_ratio`; it breaks even when
-1 + k * acceptance = step_cost_ratio. Decoding reads every weight once per step, so memory
-bandwidth / bytes per token bounds plain decode (the roofline).
+A verify step yields `tokens per step` tokens and takes as long as it takes at the engine's
+batch; a plain step of the same model at the same batch takes `StepCurve.plain(batch)`. So
+speculation pays tokens_per_step x plain step seconds / verify step seconds, at the load it
+runs: a verify step processes b x (k + 1) tokens, so its cost grows with the batch faster than
+a plain step's (SmartSpec, arXiv 2406.14066; Kong et al., arXiv 2605.15051). At batch 1 this
+is today's `tokens_per_step / step_cost_ratio`, which breaks even when 1 + k * acceptance =
+step_cost_ratio. Decoding reads every weight once per step, so memory bandwidth / bytes per
+token bounds plain decode (the roofline).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
 class Decode:
-    """Decode tokens and the seconds they took (after each request's first token)."""
+    """Streamed requests' tokens after their first, the seconds those took (first to last
+    token), and, where the engine counted them per request, the verify steps that made them."""
 
     tokens: float = 0.0
     seconds: float = 0.0
+    steps: float = 0.0
 
     def __add__(self, other: Decode) -> Decode:
-        return Decode(self.tokens + other.tokens, self.seconds + other.seconds)
+        return Decode(
+            self.tokens + other.tokens, self.seconds + other.seconds, self.steps + other.steps
+        )
 
     def __sub__(self, other: Decode) -> Decode:
-        return Decode(self.tokens - other.tokens, self.seconds - other.seconds)
+        return Decode(
+            self.tokens - other.tokens, self.seconds - other.seconds, self.steps - other.steps
+        )
 
     @property
     def rate(self) -> float | None:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.seconds / self.steps if self.steps > 0 and self.seconds > 0 else None
 
-def estimated_speedup(tokens_per_step: float, step_cost_ratio: float) -> float:
-    return tokens_per_step / step_cost_ratio
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Running requests integrated over time: b dt and b^2 dt. Their ratio is the batch a
+    running request sees on average (idle time weighs nothing): the batch the route's decode
+    steps ran at, which is what a step-time curve is read at."""
+
+    request_seconds: float = 0.0
+    batch_request_seconds: float = 0.0
+
+    def __add__(self, other: Batch) -> Batch:
+        return Batch(
+            self.request_seconds + other.request_seconds,
+            self.batch_request_seconds + other.batch_request_seconds,
+        )
+
+    def __sub__(self, other: Batch) -> Batch:
+        return Batch(
+            self.request_seconds - other.request_seconds,
+            self.batch_request_seconds - other.batch_request_seconds,
+        )
+
+    @property
+    def seen(self) -> float | None:
+        if self.request_seconds <= 0:
+            return None
+        return self.batch_request_seconds / self.request_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class StepPoint:
+    """One point of a model's step-time curve: seconds per plain decode step and per verify
+    step with `running` requests in the engine's batch (`specdec measure --concurrency`)."""
+
+    running: float
+    plain_seconds: float
+    verify_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepCurve:
+    """Step seconds against the batch, linear between measured points and flat beyond them
+    (a curve is trusted only where it was measured; one point is a load-blind constant)."""
+
+    points: tuple[StepPoint, ...]
+
+    def plain(self, running: float) -> float:
+        return _interpolate([(p.running, p.plain_seconds) for p in self.points], running)
+
+    def verify(self, running: float) -> float | None:
+        known = [(p.running, p.verify_seconds) for p in self.points if p.verify_seconds is not None]
+        return _interpolate(known, running) if known else None
+
+    @property
+    def load_aware(self) -> bool:
+        return len(self.points) > 1
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def single_point_curve(step_cost_ratio: float, plain_tokens_per_second: float) -> StepCurve:
+    """Today's calibration as a curve: one plain rate and one step cost, at any batch."""
+    plain = 1.0 / plain_tokens_per_second
+    return StepCurve((StepPoint(1.0, plain, plain * step_cost_ratio),))
+
+
+@dataclass(frozen=True, slots=True)
+class Speedups:
+    """A route's payoff over a window, two ways at the same batch (None: not known)."""
+
+    estimated: float | None  # tokens per decode step x plain / decode step seconds
+    measured: float | None  # decode rate x plain step seconds
+    plain_seconds: float | None = None  # a plain step at the batch (the curve)
+    step_seconds: float | None = None  # a speculative step: observed, else the curve's
+
+    @classmethod
+    def at_load(
+        cls,
+        curve: StepCurve | None,
+        running: float | None,
+        tokens_per_step: float | None,
+        decoded: Decode,
+        exact: Decode,
+    ) -> Speedups:
+        """`decoded`: the route's streamed requests; `exact`: those whose steps the engine
+        counted. Observed, the estimate is their tokens per decode step x the plain step's
+        seconds / their seconds per decode step (steps without drafts included, so an n-gram
+        drafter's unmatched steps are not lost); without such requests, `tokens_per_step` (per
+        verify step) x plain / the curve's verify step. No batch and a load-aware curve:
+        nothing."""
+        if curve is None or (curve.load_aware and running is None):
+            return cls(None, None)
+        batch = 1.0 if running is None else running
+        plain = curve.plain(batch)
+        estimated = None
+        step = exact.seconds_per_step
+        if step is not None:
+            estimated = exact.tokens / exact.steps * plain / step
+        elif tokens_per_step is not None and (step := curve.verify(batch)):
+            estimated = tokens_per_step * plain / step
+        measured = None if decoded.rate is None else decoded.rate * plain
+        return cls(estimated, measured, plain, step)
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
@@ -41,3 +163,50 @@ def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
 def decode_ceiling(bandwidth_bytes_per_second: float, bytes_per_token: float) -> float:
     """Roofline: plain decode cannot beat bandwidth / bytes read per token."""
     return bandwidth_bytes_per_second / bytes_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class DraftLength:
+    """What a route would get with k' drafts per step, at the batch it runs."""
+
+    draft_length: int
+    speedup: float
+    halfwidth: float | None  # 95 %, from the acceptance's; None: not known
+
+
+def speedups_by_draft_length(
+    per_position: tuple[float, ...],
+    drafts: float,
+    plain: float,
+    verify: float,
+    relative_halfwidth: float | None,
+) -> list[DraftLength]:
+    """k' = 0..k (k = len(per_position)): tokens per step E(k') = 1 + sum_{i<k'} P(more than i
+    drafts accepted) (position i is only drafted when k' > i, so the truncated sum is what k'
+    would have produced), and a step's seconds linear in k' between the plain step (k' = 0)
+    and the observed verify step at k (exact in the simulator's model; an interpolation for a
+    real engine). `relative_halfwidth`: of the accepted tokens per step, taken to scale the
+    accepted part of every E(k') alike (an approximation: the positions move together)."""
+    k = len(per_position)
+    if drafts <= 0 or k == 0 or plain <= 0 or verify <= 0:
+        return []
+    out = [DraftLength(0, 1.0, 0.0)]
+    accepted = 0.0
+    for length in range(1, k + 1):
+        accepted += per_position[length - 1] / drafts
+        seconds = plain + (verify - plain) * length / k
+        speedup = (1 + accepted) * plain / seconds
+        half = None if relative_halfwidth is None else accepted * relative_halfwidth
+        out.append(DraftLength(length, speedup, None if half is None else half * plain / seconds))
+    return out
+
+
+def best_draft_length(options: list[DraftLength]) -> DraftLength | None:
+    """The draft length with the highest speedup, when it beats the runner-up by more than
+    the larger of their half-widths (else None: the data cannot tell them apart)."""
+    if len(options) < 2 or any(o.halfwidth is None for o in options):
+        return None
+    ranked = sorted(options, key=lambda o: o.speedup, reverse=True)
+    best, runner_up = ranked[0], ranked[1]
+    margin = max(best.halfwidth or 0.0, runner_up.halfwidth or 0.0)
+    return best if best.speedup - runner_up.speedup > margin else None

@@ -24,7 +24,7 @@ class Subtractable(Protocol):
 
 
 V = TypeVar("V", bound=Subtractable)
-Key = tuple[str, str]  # two label values: (model_name, engine) of a target, (route, model_name)
+K = TypeVar("K", bound=tuple[str, ...])  # label values: (model_name, engine), (route, model_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ def parse_window(text: str) -> Window:
 DEFAULT_WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
 
 
-class History(Generic[V]):
+class History(Generic[K, V]):
     """Snapshots of running sums per key, kept as long as the longest window needs.
 
     `born_at_zero`: a key missing from the window's baseline began at zero after it (the
@@ -57,15 +57,15 @@ class History(Generic[V]):
         self.windows = tuple(windows)
         self.born_at_zero = born_at_zero
         self._keep = max((w.seconds for w in self.windows), default=0.0)
-        self._ring: deque[tuple[float, Mapping[Key, V]]] = deque()
+        self._ring: deque[tuple[float, Mapping[K, V]]] = deque()
 
-    def record(self, t: float, snapshot: Mapping[Key, V]) -> None:
+    def record(self, t: float, snapshot: Mapping[K, V]) -> None:
         self._ring.append((t, snapshot))
         # drop what no window needs: keep one snapshot at or before the longest window's start
         while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:
             self._ring.popleft()
 
-    def increase(self, window: Window, now: float, partial: bool = False) -> dict[Key, V]:
+    def increase(self, window: Window, now: float, partial: bool = False) -> dict[K, V]:
         """Per series, the increase over `window` ending at `now`; empty when it holds no data
         or the history does not cover the window yet (`partial`: then over what it covers,
         from `since(now)`)."""
@@ -93,7 +93,7 @@ class History(Generic[V]):
         """Seconds of `window` the history covers at `now` (the window's length once full)."""
         return min(window.seconds, now - self._ring[0][0]) if self._ring else 0.0
 
-    def _baseline(self, since: float) -> Mapping[Key, V]:
+    def _baseline(self, since: float) -> Mapping[K, V]:
         chosen = self._ring[0][1]
         for t, snap in self._ring:
             if t > since:

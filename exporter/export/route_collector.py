@@ -14,12 +14,31 @@ from prometheus_client.registry import Collector
 
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts, ratios, total
-from exporter.core.payoff import estimated_speedup
+from exporter.core.payoff import (
+    Decode,
+    DraftLength,
+    Speedups,
+    best_draft_length,
+    speedups_by_draft_length,
+)
+from exporter.core.stats import Interval, RequestMoments
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
 from exporter.scrape.target import TargetState
 
 ROUTE = ["route", "model_name"]
+
+
+def _by_draft_length(c: Counts, payoff: Speedups, interval: Interval | None) -> list[DraftLength]:
+    """The route's speedup at each draft length 0..k, from its per-position acceptance."""
+    if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts:
+        return []
+    relative = None
+    if interval is not None and interval.estimate > 0:
+        relative = interval.halfwidth / interval.estimate
+    return speedups_by_draft_length(
+        c.per_position, c.drafts, payoff.plain_seconds, payoff.step_seconds, relative
+    )
 
 
 class RouteCollector(Collector):
@@ -95,22 +114,33 @@ class RouteCollector(Collector):
         generated = CounterMetricFamily(
             "specdec_route_generation_tokens", "Completion tokens returned.", labels=ROUTE
         )
+        sourced = [*ROUTE, "source"]
         decode_tokens = CounterMetricFamily(
             "specdec_route_decode_tokens",
-            "Completion tokens of streamed requests (decode rate numerator).",
-            labels=ROUTE,
+            "Streamed requests' completion tokens after their first content event (decode rate "
+            "numerator); source: whether the request's verify steps are the engine's own.",
+            labels=sourced,
         )
         decode_seconds = CounterMetricFamily(
             "specdec_route_decode_seconds",
-            "Seconds after the first token of streamed requests.",
-            labels=ROUTE,
+            "Streamed requests' seconds from their first to their last content event.",
+            labels=sourced,
+        )
+        decode_steps = CounterMetricFamily(
+            "specdec_route_decode_steps",
+            "Decode steps of the streamed requests whose steps the engine counted (source="
+            "exact): verify steps plus steps that drafted nothing. Seconds per step = "
+            "rate(decode_seconds{source=exact}) / rate(this).",
+            labels=sourced,
         )
         for key, n in sorted(acc.generation_tokens.items()):
             generated.add_metric(list(key), float(n))
-        for key, d in sorted(acc.decode.items()):
-            decode_tokens.add_metric(list(key), d.tokens)
-            decode_seconds.add_metric(list(key), d.seconds)
-        yield from (generated, decode_tokens, decode_seconds)
+        for decode_key, d in sorted(acc.decode.items()):
+            decode_tokens.add_metric(list(decode_key), d.tokens)
+            decode_seconds.add_metric(list(decode_key), d.seconds)
+            if decode_key[2] == "exact":
+                decode_steps.add_metric(list(decode_key), d.steps)
+        yield from (generated, decode_tokens, decode_seconds, decode_steps)
 
     def _histograms(self) -> Iterator[Metric]:
         acc = self.accounting
@@ -145,12 +175,35 @@ class RouteCollector(Collector):
         )
         speedup_est = GaugeMetricFamily(
             "specdec_route_estimated_speedup_ratio",
-            "Tokens per step / the model's step_cost_ratio: > 1 means speculation pays.",
+            "Tokens per decode step x the plain step's seconds at the engine's mean batch over "
+            "the window (the model's step-time curve) / the route's seconds per decode step "
+            "(its exact streamed requests; else tokens per verify step and the curve's verify "
+            "step): > 1 means speculation pays at the load it runs.",
             labels=labels,
         )
         speedup = GaugeMetricFamily(
             "specdec_route_speedup_ratio",
-            "Measured decode rate / the model's plain_decode_tokens_per_second.",
+            "Measured: the route's decode rate x the plain step's seconds at the engine's mean "
+            "batch over the window (the model's step-time curve).",
+            labels=labels,
+        )
+        at_length = GaugeMetricFamily(
+            "specdec_route_speedup_at_draft_length_ratio",
+            "What the route would get with draft_length drafts per step at the batch it runs: "
+            "1 + the per-position acceptance summed below draft_length, x the plain step / a "
+            "step linear in draft_length between plain (0) and the observed one (k).",
+            labels=[*labels, "draft_length"],
+        )
+        at_length_half = GaugeMetricFamily(
+            "specdec_route_speedup_at_draft_length_ci_halfwidth",
+            "95 % half-width of specdec_route_speedup_at_draft_length_ratio, from the "
+            "acceptance's (the positions taken to move together).",
+            labels=[*labels, "draft_length"],
+        )
+        best = GaugeMetricFamily(
+            "specdec_route_best_draft_length",
+            "The draft length (0: speculation off) with the highest speedup at the load, when "
+            "it beats the runner-up by more than their half-widths; absent otherwise.",
             labels=labels,
         )
         coverage = GaugeMetricFamily(
@@ -163,29 +216,40 @@ class RouteCollector(Collector):
         acc = self.accounting
         for window in acc.history.windows:
             routes = acc.history.increase(window, now)
+            running = {} if self.target is None else self.target.mean_running(window, now)
+            decode = acc.decoded(window, now)
+            moments = acc.moments_history.increase(window, now)
             for (route, model), c in sorted(routes.items()):
                 r = ratios(c)
                 series = [route, model, window.label]
                 if r.acceptance is not None:
                     acceptance.add_metric(series, r.acceptance)
-                config = self.models.get(model)
                 if r.mean_acceptance_length is not None:
                     length.add_metric(series, r.mean_acceptance_length)
-                    if config is not None:
-                        speedup_est.add_metric(
-                            series,
-                            estimated_speedup(r.mean_acceptance_length, config.step_cost_ratio),
-                        )
-            for (route, model), d in sorted(acc.decode_history.increase(window, now).items()):
+            for (route, model), c in sorted(routes.items()):
                 config = self.models.get(model)
-                if (
-                    d.rate is not None
-                    and config is not None
-                    and config.plain_decode_tokens_per_second
-                ):
-                    speedup.add_metric(
-                        [route, model, window.label], d.rate / config.plain_decode_tokens_per_second
-                    )
+                every, exact = decode.get((route, model), (Decode(), Decode()))
+                payoff = Speedups.at_load(
+                    None if config is None else config.curve,
+                    running.get(model),
+                    ratios(c).mean_acceptance_length,
+                    every,
+                    exact,
+                )
+                series = [route, model, window.label]
+                if payoff.estimated is not None:
+                    speedup_est.add_metric(series, payoff.estimated)
+                if payoff.measured is not None:
+                    speedup.add_metric(series, payoff.measured)
+                interval = moments.get((route, model), RequestMoments()).interval()
+                options = _by_draft_length(c, payoff, interval)
+                for option in options:
+                    length_series = [*series, str(option.draft_length)]
+                    at_length.add_metric(length_series, option.speedup)
+                    if option.halfwidth is not None:
+                        at_length_half.add_metric(length_series, option.halfwidth)
+                if (chosen := best_draft_length(options)) is not None:
+                    best.add_metric(series, float(chosen.draft_length))
             if self.target is not None:
                 engine = total(list(self.target.history.increase(window, now).values()))
                 routed = total(list(routes.values()))
@@ -194,7 +258,8 @@ class RouteCollector(Collector):
                         [self.target.target.name, window.label],
                         (routed.drafts or 0.0) / engine.drafts,
                     )
-        yield from (acceptance, length, speedup_est, speedup, coverage)
+        yield from (acceptance, length, speedup_est, speedup, at_length, at_length_half, best)
+        yield coverage
 
     def _health(self) -> Iterator[Metric]:
         proxy = self.proxy

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.core.counts import Counts, ratios, total
+from exporter.scrape.families import RUNNING
 from exporter.scrape.target import TargetState
 
 ERROR_REASONS = ("timeout", "connection", "http_status", "protocol", "too_large", "no_spec_metrics")
@@ -123,6 +124,13 @@ class TargetCollector(Collector):
             "sglang:spec_accept_rate: accepted / proposed drafts of its last logging interval).",
             labels=SERIES,
         )
+        running = GaugeMetricFamily(
+            "specdec_engine_running_requests",
+            "The engine's batch at the last scrape: requests in model execution (vLLM's "
+            "vllm:num_requests_running, SGLang's sglang:num_running_reqs, llama.cpp's "
+            "llamacpp:requests_processing; TensorRT-LLM has none). The step cost depends on it.",
+            labels=SERIES,
+        )
         for state in self.targets:
             for (model_name, engine), values in state.gauges.items():
                 labels = [state.target.name, model_name, engine]
@@ -130,7 +138,9 @@ class TargetCollector(Collector):
                     length.add_metric(labels, values["acceptance_length"])
                 if "acceptance_rate" in values:
                     rate.add_metric(labels, values["acceptance_rate"])
-        yield from (f for f in (length, rate) if f.samples)
+                if RUNNING in values:
+                    running.add_metric(labels, values[RUNNING])
+        yield from (f for f in (length, rate, running) if f.samples)
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*SERIES, "window"]

@@ -236,3 +236,84 @@ def _share(value: float | None, ceiling: float) -> float | None:
 
 def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
+
+
+def curve_table(levels: list[Row], model: str, k: int | None) -> str:
+    """The step-time curve per concurrency level, then a ready `models:` block holding it."""
+    header = [
+        "concurrency",
+        "running",
+        "s/step spec",
+        "s/step plain",
+        "tokens/step",
+        "decode",
+        "plain decode",
+        "speedup",
+    ]
+    table = [header]
+    for r in levels:
+        table.append(
+            [
+                str(r["concurrency"]),
+                _fmt(r["running"], "{:.1f}"),
+                _fmt(r["verify_seconds"], "{:.4f}"),
+                _fmt(r["plain_seconds"], "{:.4f}"),
+                _fmt(r["tokens_per_step"], "{:.2f}"),
+                _fmt(r["decode_tokens_per_second"], "{:.1f} tok/s"),
+                _fmt(r["plain_decode_tokens_per_second"], "{:.1f} tok/s"),
+                _fmt(r["speedup"], "x{:.2f}"),
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+    points = [r for r in levels if r["running"] is not None and r["plain_seconds"]]
+    if not points:
+        lines.append("\nno level has both a batch and a plain step time: no curve to configure")
+        return "\n".join(lines)
+    first = min(points, key=lambda r: r["running"])
+    lines += [
+        "",
+        "models:   # for the sidecar config (specdec serve --config)",
+        f"  - name: {model}",
+        f"    num_speculative_tokens: {k if k else 'K'}",
+    ]
+    if first["verify_seconds"]:
+        lines.append(f"    step_cost_ratio: {first['verify_seconds'] / first['plain_seconds']:.2f}")
+    lines += [
+        f"    plain_decode_tokens_per_second: {1 / first['plain_seconds']:.1f}",
+        "    step_time:   # seconds per decode step against the engine's running requests",
+    ]
+    for r in sorted(points, key=lambda r: r["running"]):
+        verify = f", verify_seconds: {r['verify_seconds']:.6f}" if r["verify_seconds"] else ""
+        lines.append(
+            f"      - {{running: {r['running']:.2f}, plain_seconds: {r['plain_seconds']:.6f}"
+            f"{verify}}}"
+        )
+    return "\n".join(lines)
+
+
+def curve_plot(levels: list[Row], path: str) -> None:
+    """Seconds per step (spec and plain) and the speedup against running requests, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sorted((r for r in levels if r["running"] is not None), key=lambda r: r["running"])
+    x = [r["running"] for r in points]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(x, [r["verify_seconds"] for r in points], "o-", label="speculative (per step)")
+    left.plot(x, [r["plain_seconds"] for r in points], "o-", label="plain (per step)")
+    left.set_xlabel("running requests")
+    left.set_ylabel("seconds per decode step")
+    left.legend()
+    right.plot(x, [r["speedup"] for r in points], "o-", color="tab:green")
+    right.axhline(1.0, color="grey", linestyle="--")
+    right.set_xlabel("running requests")
+    right.set_ylabel("speedup (decode rate / plain)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -34,6 +34,7 @@ class ScenarioResult:
     failures: list[str] = field(default_factory=list)
     engine: Counts | None = None  # /metrics delta; None without spec counters
     interrupted: bool = False  # stopped before the engine's counters were read again
+    model: str = ""  # the model name the requests asked for
 
     @property
     def per_request(self) -> Counts | None:
@@ -124,6 +125,7 @@ async def run_scenario(
     result: ScenarioResult,
 ) -> None:
     """Fill `result` as requests complete (so an interrupted run still has what it got)."""
+    result.model = model
     fams = families("vllm")
     before = await engine_page(session, metrics_url)
     todo = plan.runs * len(scenario.prompts)

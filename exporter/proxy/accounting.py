@@ -25,6 +25,7 @@ from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
 RouteKey = tuple[str, str]  # (route, model_name)
+DecodeKey = tuple[str, str, str]  # (route, model_name, source): whose steps are exact
 OTHER_MODEL = "_other"
 MAX_MODEL_NAME = 128  # characters of a model_name label value
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -121,13 +122,15 @@ class Accounting:
         self.below_breakeven: Counter[RouteKey] = Counter()
         self.runaway: Counter[RouteKey] = Counter()
         self.generation_tokens: Counter[RouteKey] = Counter()
-        self.decode: dict[RouteKey, Decode] = {}
+        self.decode: dict[DecodeKey, Decode] = {}
         self.ttft: dict[RouteKey, Buckets] = {}
         self.decode_rate: dict[RouteKey, Buckets] = {}
         # the proxy's sums begin at zero: a route first seen in a window counts from zero
-        self.history: History[Counts] = History(windows, born_at_zero=True)
-        self.decode_history: History[Decode] = History(windows, born_at_zero=True)
-        self.moments_history: History[RequestMoments] = History(windows, born_at_zero=True)
+        self.history: History[RouteKey, Counts] = History(windows, born_at_zero=True)
+        self.decode_history: History[DecodeKey, Decode] = History(windows, born_at_zero=True)
+        self.moments_history: History[RouteKey, RequestMoments] = History(
+            windows, born_at_zero=True
+        )
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
@@ -170,11 +173,7 @@ class Accounting:
         if req.ttft is not None:
             self.ttft.setdefault(key, Buckets(TTFT_BUCKETS)).observe(req.ttft)
         if req.decode_seconds:
-            self.decode[key] = self.decode.get(key, Decode()) + Decode(
-                req.completion_tokens, req.decode_seconds
-            )
-            rate = req.completion_tokens / req.decode_seconds
-            self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(rate)
+            self._decoded(key, req)
         if req.without_exact is not None:
             self.without_exact[(req.route, req.model_name, req.without_exact)] += 1
         if req.exact is not None:
@@ -203,6 +202,33 @@ class Accounting:
                     weight.accepted += tokens - steps
         elif req.completion_tokens:
             self._tokens_only[key] += req.completion_tokens
+
+    def decoded(
+        self, window: Window, now: float, partial: bool = False
+    ) -> dict[RouteKey, tuple[Decode, Decode]]:
+        """Per route over the window: the streamed requests' decode, and the part of it whose
+        verify steps the engine counted (source exact)."""
+        out: dict[RouteKey, tuple[Decode, Decode]] = {}
+        for (route, model, source), d in self.decode_history.increase(window, now, partial).items():
+            every, exact = out.get((route, model), (Decode(), Decode()))
+            out[(route, model)] = (every + d, exact + d if source == "exact" else exact)
+        return out
+
+    def _decoded(self, key: RouteKey, req: RequestOutcome) -> None:
+        """A streamed request's decode: its tokens after the first content event (prefill's),
+        the seconds from that event to the last, and, when the engine counted its verify steps
+        (source exact), its decode steps: the verify steps plus the steps that drafted nothing
+        (an n-gram drafter without a match), each of which made one token."""
+        seconds = req.decode_seconds or 0.0
+        first = req.increments[0] if req.increments else 1
+        tokens = max(req.completion_tokens - first, 0)
+        exact = req.exact if req.exact is not None and req.exact.drafts else None
+        steps = 0.0 if exact is None else max(exact.drafts or 0.0, tokens - exact.accepted)
+        decode_key = (*key, "estimated" if exact is None else "exact")
+        self.decode[decode_key] = self.decode.get(decode_key, Decode()) + Decode(
+            tokens, seconds, steps
+        )
+        self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(tokens / seconds)
 
     def _add_exact(self, key: RouteKey, counts: Counts) -> None:
         self.exact[key] = self.exact.get(key, Counts()) + counts

@@ -39,6 +39,11 @@ class Role(StrEnum):
     GENERATED = "generated"  # SGLang: generation tokens, with its verify calls the steps
 
 
+RUNNING = "running_requests"  # the engine's batch: requests in model execution now
+# its gauge after the prefix (SGLang's is num_running_reqs, below; TensorRT-LLM has none)
+RUNNING_GAUGE = {"vllm": "num_requests_running", "llamacpp": "requests_processing"}
+
+
 @dataclass(frozen=True, slots=True)
 class EngineFamilies:
     """Family base names (without `_total` / `_created`) for one engine kind and prefix."""
@@ -72,9 +77,11 @@ def families(kind: str, prefix: str | None = None) -> EngineFamilies:
         gauges: tuple[tuple[str, str], ...] = (
             (lead + "spec_accept_length", "acceptance_length"),
             (lead + "spec_accept_rate", "acceptance_rate"),
+            (lead + "num_running_reqs", RUNNING),
         )
         return EngineFamilies(kind, lead, roles, gauges=gauges)
-    base = (DEFAULT_PREFIX[kind] if prefix is None else prefix) + "spec_decode_"
+    own = DEFAULT_PREFIX[kind] if prefix is None else prefix
+    base = own + "spec_decode_"
     if kind == "trtllm":
         names = {
             "num_draft_tokens": Role.DRAFT_TOKENS,
@@ -86,13 +93,15 @@ def families(kind: str, prefix: str | None = None) -> EngineFamilies:
         roles = {base + n: r for n, r in names.items()}
         return EngineFamilies(kind, base, roles, "token_position", gauges)
     lead = base + "num_"
+    running = ((own + RUNNING_GAUGE[kind], RUNNING),) if kind in RUNNING_GAUGE else ()
     names = {
         "drafts": Role.DRAFTS,
         "draft_tokens": Role.DRAFT_TOKENS,
         "accepted_tokens": Role.ACCEPTED,
         "accepted_tokens_per_pos": Role.PER_POSITION,
     }
-    return EngineFamilies(kind, lead, {lead + suffix: role for suffix, role in names.items()})
+    roles = {lead + suffix: role for suffix, role in names.items()}
+    return EngineFamilies(kind, lead, roles, gauges=running)
 
 
 SeriesKey = tuple[str, str]
@@ -121,7 +130,7 @@ class Page:
 
 def read_page(text: str, fams: EngineFamilies) -> Page:
     """Group the page's samples of `fams` by (model_name, engine); bad samples are counted."""
-    found = scan(text, (fams.lead,))
+    found = scan(text, (fams.lead, *(g for g, _ in fams.gauges if not g.startswith(fams.lead))))
     bad = found.bad_lines
     values: dict[SeriesKey, dict[str, float]] = {}
     positions: dict[SeriesKey, dict[int, float]] = {}

@@ -16,8 +16,9 @@ import aiohttp
 from exporter import logs
 from exporter.config import Target, redact
 from exporter.core.counts import Counts
+from exporter.core.payoff import Batch
 from exporter.core.windows import History, Window
-from exporter.scrape.families import EngineFamilies, families, read_page
+from exporter.scrape.families import RUNNING, EngineFamilies, SeriesKey, families, read_page
 from exporter.scrape.totals import RunningTotals
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
@@ -39,12 +40,15 @@ class TargetState:
         self.target = target
         self.families: EngineFamilies = families(target.engine, target.prefix)
         self.store = RunningTotals()
-        self.history: History[Counts] = History(windows)
+        self.history: History[SeriesKey, Counts] = History(windows)
         self.status: str | None = None  # None until the first scrape ends
         self.last_duration: float | None = None
         self.errors: Counter[str] = Counter()
         self.bad_lines = 0
         self.gauges: dict[tuple[str, str], dict[str, float]] = {}  # the engine's own, last page
+        self.batch: dict[SeriesKey, Batch] = {}  # running requests integrated over time
+        self.batch_history: History[SeriesKey, Batch] = History(windows, born_at_zero=True)
+        self._last_page_at: float | None = None
 
     def retarget(self, target: Target) -> None:
         """The same target (by name) reconfigured: its running totals go on."""
@@ -54,6 +58,17 @@ class TargetState:
     def rewindow(self, windows: tuple[Window, ...]) -> None:
         """New rolling windows: they fill again from now; the counters are untouched."""
         self.history = History(windows)
+        self.batch_history = History(windows, born_at_zero=True)
+
+    def mean_running(self, window: Window, now: float, partial: bool = False) -> dict[str, float]:
+        """Per model_name, the batch its running requests saw over the window (each page's
+        running requests held until the next page; weighed by requests, so idle time does not
+        count), the mean over its engines."""
+        per_engine: dict[str, list[float]] = {}
+        for (model, _), batch in self.batch_history.increase(window, now, partial).items():
+            if batch.seen is not None:
+                per_engine.setdefault(model, []).append(batch.seen)
+        return {model: sum(seen) / len(seen) for model, seen in per_engine.items()}
 
     @property
     def up(self) -> bool | None:
@@ -65,11 +80,24 @@ class TargetState:
         page = read_page(text, self.families)
         self.bad_lines += page.bad_lines
         restarted = self.store.feed(page)
+        self._integrate(page.gauges, now)
         self.gauges = page.gauges
         self.history.record(now, self.store.snapshot())
         if not page.series:
             raise ScrapeError("no_spec_metrics", f"no {self.families.lead}* counters on the page")
         return restarted
+
+    def _integrate(self, gauges: dict[SeriesKey, dict[str, float]], now: float) -> None:
+        """Add the last page's batch over the time since it was read."""
+        if self._last_page_at is not None and now > self._last_page_at:
+            elapsed = now - self._last_page_at
+            for key, values in self.gauges.items():
+                if RUNNING in values and key in gauges:
+                    running = values[RUNNING]
+                    step = Batch(running * elapsed, running * running * elapsed)
+                    self.batch[key] = self.batch.get(key, Batch()) + step
+        self._last_page_at = now
+        self.batch_history.record(now, dict(self.batch))
 
 
 class Scraper:

@@ -8,9 +8,11 @@ draft, even those max_tokens cuts from the output. A request ends at its natural
 per profile, at least `min_tokens`) unless `ignore_eos` or a repetition loop runs it to
 max_tokens.
 
-Timing, from the published dense-27B single-stream figures: a plain step yields 72 tok/s; a
-speculative step with k drafts costs (1 + 0.26 k) plain steps (1.78 at k = 3); prefill 50-100 ms;
-each extra running request slows a step by 4 %. `speed` divides every delay.
+Timing: a step's seconds come from `steptime.py` at the batch of running requests on the
+request's engine (72 tok/s plain and 1.78 plain steps per verify step at k = 3 single-stream; the
+payoff shrinks as the batch grows); prefill 50-100 ms. `speed` divides every delay. The engine
+also keeps, per profile, what speculation really paid: every verify step's seconds beside the
+seconds a plain step would have taken at the same batch (`payoff`, the A/B truth at the load).
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from dataclasses import dataclass, field
 from exporter.core.counts import Counts
 from exporter.sim.metrics import EngineMetrics
 from exporter.sim.profiles import DEFAULT_PROFILES, LOOP_ACCEPTANCE, Profile, draw
+from exporter.sim.steptime import MODEL, StepTime
 
-PLAIN_STEP_SECONDS = 1 / 72
-DRAFT_COST = 0.26  # extra cost of one draft token, in plain steps
-BATCH_SLOWDOWN = 0.04
 TEXT = {  # token pieces the simulated model cycles through, per profile
     "ja_chat": tuple(
         "うん|、|そう|だ|ね|！|今日|は|少し|寒い|けど|、|元気|だよ|。|あなた|は|どう|？".split("|")
@@ -39,6 +39,31 @@ TEXT = {  # token pieces the simulated model cycles through, per profile
 }
 LENGTHS = {"ja_chat": (30, 90), "code_agent": (120, 360), "default": (60, 160)}
 UNBOUNDED = 32768  # tokens a request without max_tokens may run to (the served max_model_len)
+
+
+@dataclass(frozen=True, slots=True)
+class Payoff:
+    """Decode steps of a profile: their tokens and seconds, and a plain step's at the same batch."""
+
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0
+
+    def __add__(self, other: Payoff) -> Payoff:
+        return Payoff(
+            self.steps + other.steps,
+            self.tokens + other.tokens,
+            self.seconds + other.seconds,
+            self.plain_seconds + other.plain_seconds,
+        )
+
+    @property
+    def speedup(self) -> float | None:
+        """Decode rate / the plain decode rate at the same batches (1.0 when plain)."""
+        if not self.seconds or not self.steps:
+            return None
+        return (self.tokens / self.seconds) / (self.steps / self.plain_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +128,16 @@ class SimEngine:
         seed: int = 0,
         profiles: dict[str, Profile] | None = None,
         adaptive: bool = False,
+        step_time: StepTime = MODEL,
     ) -> None:
         self.model, self.k, self.engines, self.speed = model, k, engines, speed
         self.adaptive = adaptive  # each step drafts 1..k tokens, as vLLM's adaptive draft length
         self.profiles = dict(profiles or DEFAULT_PROFILES)
         self.spec = k > 0
         self.metrics = EngineMetrics(model, engines, k, self.spec)
+        self.step_time = step_time
         self.truth: dict[str, Counts] = {}
+        self.payoff: dict[str, Payoff] = {}
         self.running = [0] * engines
         self._rng = random.Random(seed)
         self.seed, self.starts = seed, 0
@@ -163,8 +191,8 @@ class SimEngine:
                 count = 1
                 if emitted:
                     step_start = time.monotonic()
-                    count = self._step(profile.name, chain, rng, labels, stats)
-                    await self.sleep(self.step_seconds())
+                    count, drafted = self._step(profile.name, chain, rng, labels, stats)
+                    await self.sleep(self._timed(profile.name, engine, count, drafted))
                     self.metrics.itl.labels(*labels).observe(time.monotonic() - step_start)
                 tokens = [
                     words[(emitted + i) % len(words)] for i in range(min(count, limit - emitted))
@@ -179,10 +207,13 @@ class SimEngine:
             self.metrics.success.labels(*labels, finish or "abort").inc()
             self._running(engine, -1)
 
-    def step_seconds(self) -> float:
-        """Duration of one decode step now, before `speed` is applied."""
-        cost = 1 + (DRAFT_COST * self.k if self.spec else 0.0)
-        return PLAIN_STEP_SECONDS * cost * (1 + BATCH_SLOWDOWN * (sum(self.running) - 1))
+    def _timed(self, profile: str, engine: str, tokens: int, drafted: int) -> float:
+        """One step's seconds at the engine's batch now, before `speed`; kept in the truth."""
+        batch = self.running[int(engine)]
+        seconds = self.step_time.verify(batch, drafted)
+        step = Payoff(1, tokens, seconds, self.step_time.plain(batch))
+        self.payoff[profile] = self.payoff.get(profile, Payoff()) + step
+        return seconds
 
     def _running(self, engine: str, change: int) -> None:
         self.running[int(engine)] += change
@@ -195,10 +226,10 @@ class SimEngine:
         rng: random.Random,
         labels: tuple[str, str],
         stats: RequestStats,
-    ) -> int:
-        """One decode step: count its drafts everywhere; return the tokens it produced."""
+    ) -> tuple[int, int]:
+        """One decode step: count its drafts everywhere; return its tokens and draft tokens."""
         if not self.spec:
-            return 1
+            return 1, 0
         k = rng.randint(1, self.k) if self.adaptive else self.k
         accepted = min(draw(rng, chain), k)  # a draft that was not proposed is not accepted
         assert self.metrics.spec_counters is not None
@@ -218,4 +249,4 @@ class SimEngine:
         stats.per_step_drafted.append(k)
         step = Counts(1, k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.k)))
         self.truth[profile] = self.truth.get(profile, Counts()) + step
-        return accepted + 1
+        return accepted + 1, k

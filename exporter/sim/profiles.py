@@ -1,14 +1,15 @@
 """Acceptance profiles: how often drafts are accepted for a kind of request.
 
-A profile's `acceptance` is the mean share of draft tokens accepted (accepted / draft tokens,
-vLLM's acceptance rate). Requests differ: each draws its own acceptance from
-Beta(acceptance * c, (1 - acceptance) * c), c the profile's `concentration` (15 gives the
-per-request sd of ~0.11-0.12 seen in published per-request traces; infinity makes every request
-alike). Drafts are verified left to right and the first rejection ends the step, so position i
-is reached only if 0..i-1 were accepted; its conditional acceptance decays with the position
-(`q_i = q_0 * decay**i`), which gives vLLM's falling per-position curve. `q_0` is solved so that
-a step's expected acceptance equals the request's. A share of requests (`loop_share`) can be
-repetition loops: acceptance near 1, generating until max_tokens.
+A profile's `acceptance` is the mean share of draft tokens accepted (accepted / draft tokens, vLLM's
+acceptance rate) at k = 3, as published; at other k the same per-position chain is cut or
+extended, so the acceptance rate falls with k as a real drafter's does. Requests differ: each
+draws its own acceptance from Beta(acceptance * c, (1 - acceptance) * c), c the profile's
+`concentration` (15 gives the per-request sd of ~0.11-0.12 seen in published per-request traces;
+infinity makes every request alike). Drafts are verified left to right and the first rejection
+ends the step, so position i is reached only if 0..i-1 were accepted; its conditional acceptance
+decays with the position (`q_i = q_0 * decay**i`), which gives vLLM's falling per-position
+curve. `q_0` is solved so that a step's expected acceptance equals the request's. A share of
+requests (`loop_share`) can be repetition loops: acceptance near 1, generating until max_tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _CODE = re.compile(
 
 
 DEFAULT_CONCENTRATION = 15.0
+REFERENCE_DRAFT_LENGTH = 3  # a profile's acceptance is the published one, at k = 3
 LOOP_ACCEPTANCE = 0.98  # a repetition loop: the drafter predicts the loop almost perfectly
 
 
@@ -53,9 +55,12 @@ class Profile:
         return rng.betavariate(mean * c, (1 - mean) * c)
 
     def conditional(self, k: int, acceptance: float | None = None) -> tuple[float, ...]:
-        """Per-position conditional acceptance q_0..q_{k-1} whose expected acceptance is
-        `acceptance` (the profile's by default)."""
-        return _solve(self.acceptance if acceptance is None else acceptance, self.decay, k)
+        """Per-position conditional acceptance q_0..q_{k-1}: the chain whose expected
+        acceptance at REFERENCE_DRAFT_LENGTH drafts is `acceptance` (the profile's by default),
+        cut or extended to k. A drafter's acceptance at position i does not depend on how many
+        positions follow, so a run at another k is what truncating this one predicts."""
+        mean = self.acceptance if acceptance is None else acceptance
+        return _chain(_first_position(mean, self.decay, REFERENCE_DRAFT_LENGTH), self.decay, k)
 
 
 def draw(rng: random.Random, conditional: tuple[float, ...]) -> int:
@@ -69,7 +74,8 @@ def draw(rng: random.Random, conditional: tuple[float, ...]) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # per-request acceptances are continuous: bounded
-def _solve(acceptance: float, decay: float, k: int) -> tuple[float, ...]:
+def _first_position(acceptance: float, decay: float, k: int) -> float:
+    """q_0 (before the cap at 1) of the chain whose expected acceptance at k is `acceptance`."""
     lo, hi = 0.0, decay ** -(k - 1)  # at hi every q_i is capped at 1: acceptance 1
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -77,7 +83,7 @@ def _solve(acceptance: float, decay: float, k: int) -> tuple[float, ...]:
             lo = mid
         else:
             hi = mid
-    return _chain((lo + hi) / 2, decay, k)
+    return (lo + hi) / 2
 
 
 def _chain(q0: float, decay: float, k: int) -> tuple[float, ...]:

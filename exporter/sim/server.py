@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.core.counts import Counts
-from exporter.sim.decoder import Output, RequestStats, Sampling, SimEngine
+from exporter.sim.decoder import Output, Payoff, RequestStats, Sampling, SimEngine
 from exporter.sim.dialects import LlamacppShapes, SglangShapes, dumps
 from exporter.sim.pages import render
 from exporter.sim.profiles import Profile, classify
@@ -388,16 +388,29 @@ async def _fault(request: web.Request) -> web.Response:
 
 
 async def _truth(request: web.Request) -> web.Response:
-    """What the simulator really did per profile since it started (restarts included)."""
-    truth: dict[str, Counts] = _state(request).engine.truth
+    """What the simulator really did per profile since it started (restarts included): the
+    drafts, and the decode steps' tokens and seconds beside a plain step's at the same batch
+    (`speedup`: the A/B truth at the load it ran; differences of two reads give a phase's)."""
+    engine = _state(request).engine
     return web.json_response(
         {
-            name: {
-                "drafts": c.drafts,
-                "draft_tokens": c.draft_tokens,
-                "accepted": c.accepted,
-                "per_position": list(c.per_position),
-            }
-            for name, c in truth.items()
+            name: _truth_json(engine.truth.get(name, Counts()), engine.payoff.get(name, Payoff()))
+            for name in sorted(engine.truth.keys() | engine.payoff.keys())
         }
     )
+
+
+def _truth_json(c: Counts, payoff: Payoff) -> Json:
+    return {
+        "drafts": c.drafts or 0,
+        "draft_tokens": c.draft_tokens or 0,
+        "accepted": c.accepted or 0,
+        "per_position": list(c.per_position),
+        "decode": {
+            "steps": payoff.steps,
+            "tokens": payoff.tokens,
+            "seconds": payoff.seconds,
+            "plain_seconds": payoff.plain_seconds,
+            "speedup": payoff.speedup,
+        },
+    }

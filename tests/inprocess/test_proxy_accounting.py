@@ -68,6 +68,9 @@ async def truth(upstream: str) -> dict[str, Counts]:
     }
 
 
+COUNT_FIELDS = ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_position")
+
+
 async def route_counts(metrics_url: str, source: str) -> dict[str, Counts]:
     async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
         page = samples(await resp.text())
@@ -76,8 +79,10 @@ async def route_counts(metrics_url: str, source: str) -> dict[str, Counts]:
         ls = dict(labels)
         if not name.startswith("specdec_route_") or ls.get("source") != source:
             continue
-        entry = out.setdefault(ls["route"], {"per_position": {}})
         field = name.removeprefix("specdec_route_").removesuffix("_total")
+        if field not in COUNT_FIELDS:
+            continue  # the decode families carry a source too
+        entry = out.setdefault(ls["route"], {"per_position": {}})
         if field == "accepted_tokens_per_position":
             entry["per_position"][int(ls["position"])] = value
         else:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter.measure.scenarios import builtin
-from exporter.sim.decoder import DRAFT_COST
+from exporter.sim.steptime import MODEL as STEP_TIME
 from tests.helpers import child, free_port, http_get, specdec, wait_for
 
 SPEED = 1.0  # real time: wake-up latency on a busy machine stays small against a step
@@ -94,7 +94,7 @@ def test_measure_matches_truth_and_timing_model(sims: tuple[str, str], tmp_path:
     doc = json.loads(out.stdout)
     after = truth(spec)
     assert set(doc) == {"scenarios", "baseline", "roofline"}
-    expected_cost = 1 + DRAFT_COST * 3
+    expected_cost = STEP_TIME.verify(1, 3) / STEP_TIME.plain(1)
     for row in doc["scenarios"]:
         name = row["name"]
         accepted = after[name]["accepted"] - before.get(name, {}).get("accepted", 0)

@@ -372,6 +372,10 @@ def test_sidecar_counters_and_1m_acceptance_equal_the_real_deltas(
         started = time.monotonic()
         before = engine_counts(srv)
         first = sidecar_reaches(url, before, "the sidecar's first scrape")
+        # the traffic starts 2 s into the sidecar's history: its 1m window, once full, starts
+        # before it by that margin
+        wait_for(lambda: time.monotonic() - started > 2.0, what="2 s of sidecar history")
+        traffic_at = time.monotonic()
         asyncio.run(send_all(mixed(srv.base_url), concurrency=2))
         after = engine_counts(srv)
         truth = after - before
@@ -379,8 +383,16 @@ def test_sidecar_counters_and_1m_acceptance_equal_the_real_deltas(
         last = sidecar_reaches(url, after, "the sidecar to reach the real counters")
         assert last - first == truth  # every field, per position too
         target = {"target": f"127.0.0.1:{srv.port}", "model_name": MODEL, "window": "1m"}
-        page = samples(http_get(url))
-        assert time.monotonic() - started < 60, "the 1m window no longer starts before the run"
+
+        def full_window() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            page = samples(http_get(url))
+            found = value(page, "specdec_acceptance_ratio", engine="all", **target)
+            return page if found is not None else None
+
+        # the 1m gauge appears once the sidecar holds a minute of history, not before
+        page = wait_for(full_window, timeout=90, what="the 1m window to fill")
+        assert time.monotonic() - started >= 60
+        assert time.monotonic() - 60 < traffic_at, "the 1m window no longer starts before the run"
         got = value(page, "specdec_acceptance_ratio", engine="all", **target)
         assert got == pytest.approx(acceptance(truth), rel=1e-12), (got, truth)
         assert value(page, "specdec_acceptance_ratio", engine="0", **target) == got
@@ -843,13 +855,13 @@ class Sampler:
 
 
 def test_restart_mid_run_keeps_sidecar_counters_monotonic(real: RealVllm, tmp_path: Path) -> None:
-    """The server restarts while the sidecar scrapes it every 0.2 s. With a 1h window (longer
-    than the test) every acceptance gauge is exactly the true increase since the sidecar's
-    first scrape, restart or not: no spike. The 1m gauges stay within their ranges."""
+    """The server restarts while the sidecar scrapes it every 0.2 s: the restart-safe counters
+    never go down and end at the true increase; the 10s gauges, before and after the restart,
+    stay within their ranges (no spike)."""
     srv = real.main
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    args = ["--target", srv.metrics_url, "--interval", "0.2", "--window", "1m", "--window", "1h"]
+    args = ["--target", srv.metrics_url, "--interval", "0.2", "--window", "10s"]
     with child(specdec("serve", *args, "--listen", f"127.0.0.1:{port}"), tmp_path / "side.log"):
         before = engine_counts(srv)
         first = sidecar_reaches(url, before, "the sidecar's first scrape")
@@ -882,22 +894,14 @@ def test_restart_mid_run_keeps_sidecar_counters_monotonic(real: RealVllm, tmp_pa
     restarts = [value(p, "specdec_engine_restarts_total", engine="0") for p in sampler.pages]
     assert restarts[0] == 0 and restarts[-1] == 1 and set(restarts) == {0, 1}, set(restarts)
     labels = {"model_name": MODEL, "engine": "all"}
-    checked = 0
-    for page, counts in zip(sampler.pages, series, strict=True):
-        true = counts - first
-        got = value(page, "specdec_acceptance_ratio", window="1h", **labels)
-        length = value(page, "specdec_mean_acceptance_length", window="1h", **labels)
-        if true.draft_tokens == 0:
-            assert got is None and length is None, (got, length)
-            continue
-        assert true.drafts is not None
-        assert got == pytest.approx(acceptance(true), rel=1e-12), (got, true)
-        assert length == pytest.approx(1 + true.accepted / true.drafts, rel=1e-12), (length, true)
-        checked += 1
+    checked = after = 0
+    for page, restarted in zip(sampler.pages, restarts, strict=True):
         for name, low, high in (
             ("specdec_acceptance_ratio", 0, 1),
             ("specdec_mean_acceptance_length", 1, K + 1),
         ):
-            recent = value(page, name, window="1m", **labels)
+            recent = value(page, name, window="10s", **labels)
             assert recent is None or low <= recent <= high, (name, recent)
-    assert checked > 10, checked
+            checked += recent is not None
+            after += recent is not None and restarted == 1
+    assert checked > 10 and after > 0, (checked, after)

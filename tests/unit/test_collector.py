@@ -109,6 +109,7 @@ def test_family_types(targets):
         "specdec_scrape_duration_seconds",
         "specdec_build_info",
         "specdec_engine_reported_acceptance_length",  # the TensorRT-LLM target's own gauge
+        "specdec_engine_running_requests",  # vLLM's num_requests_running
     }
     assert {n for n, f in families.items() if f.type == "counter"} == counters
     assert {n for n, f in families.items() if f.type == "gauge"} == gauges

@@ -316,7 +316,7 @@ def test_a_series_born_at_zero_inside_the_window_counts_whole():
     window = Window("1m", 60.0)
     key = ("voice_chat", "m")
     for born_at_zero, want in ((True, 30.0), (False, 10.0)):
-        history: History[Counts] = History([window], born_at_zero=born_at_zero)
+        history: History[tuple[str, str], Counts] = History([window], born_at_zero=born_at_zero)
         history.record(0.0, {})
         history.record(50.0, {})
         history.record(70.0, {key: Counts(20.0, 60.0, 30.0)})

@@ -1,0 +1,156 @@
+"""The step-time curve: seconds per decode step, speculative and plain, against the batch.
+
+At each concurrency level every scenario is replayed (at least 3 x the level's requests, so
+the batch stays near it) against the speculative endpoint, then against the plain one (the
+same model without speculation), so the two see the same load; the engine's running requests
+are sampled from its /metrics while they run. Per level:
+
+- plain seconds per step = decode seconds / decode tokens (one token per plain step);
+- speculative seconds per step = decode seconds / decode steps, the steps from vLLM's
+  per-request objects: verify steps plus the steps that drafted nothing (an n-gram drafter
+  without a match makes one token in such a step), max(num_drafts, tokens - accepted);
+- tokens per step, decode rates and the speedup (spec rate / plain rate).
+
+Decode = tokens after the first / seconds from the first content token to the last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from exporter.core.counts import from_spec_object
+from exporter.measure.runner import (
+    MeasureError,
+    Plan,
+    ScenarioResult,
+    engine_page,
+    model_name,
+    run_scenario,
+)
+from exporter.measure.scenarios import Scenario
+from exporter.measure.stream_client import Result
+from exporter.scrape.exposition import scan
+
+RUNNING_GAUGE = "vllm:num_requests_running"
+SAMPLE_EVERY = 0.25  # seconds between two reads of the running-requests gauge
+LEVEL_ROUNDS = 3  # each scenario sends at least this many times the level's concurrency
+
+
+@dataclass
+class Phase:
+    """One endpoint at one level: its requests and the batch seen while they ran."""
+
+    results: list[ScenarioResult] = field(default_factory=list)
+    running: list[float] = field(default_factory=list)
+
+    @property
+    def requests(self) -> list[Result]:
+        return [r for s in self.results for r in s.results]
+
+    def decode(self) -> tuple[float, float, float | None]:
+        """(tokens after the first, their seconds, decode steps or None when not counted)."""
+        tokens = seconds = steps = 0.0
+        counted = True
+        for r in self.requests:
+            if r.decode_seconds <= 0:
+                continue
+            own = max(r.completion_tokens - 1, 0)
+            tokens, seconds = tokens + own, seconds + r.decode_seconds
+            if r.spec is None:
+                counted = False
+                continue
+            c = from_spec_object(r.spec)
+            steps += max(c.drafts or 0.0, own - c.accepted)
+        return tokens, seconds, steps if counted and steps else None
+
+
+@dataclass
+class Level:
+    concurrency: int
+    spec: Phase = field(default_factory=Phase)
+    plain: Phase = field(default_factory=Phase)
+
+    def row(self) -> dict[str, Any]:
+        """The level as the `--json` document has it (None where it cannot be said)."""
+        s_tokens, s_seconds, s_steps = self.spec.decode()
+        p_tokens, p_seconds, _ = self.plain.decode()
+        spec_rate = s_tokens / s_seconds if s_seconds else None
+        plain_rate = p_tokens / p_seconds if p_seconds else None
+        samples = self.spec.running + self.plain.running
+        busy = sum(samples)  # weighed by requests: the batch a running request sees
+        return {
+            "concurrency": self.concurrency,
+            "requests": len(self.spec.requests),
+            "running": sum(b * b for b in samples) / busy if busy else None,
+            "verify_seconds": s_seconds / s_steps if s_steps else None,
+            "plain_seconds": p_seconds / p_tokens if p_tokens else None,
+            "tokens_per_step": s_tokens / s_steps if s_steps else None,
+            "decode_tokens_per_second": spec_rate,
+            "plain_decode_tokens_per_second": plain_rate,
+            "speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
+        }
+
+
+def running_requests(page: str) -> float | None:
+    """The mean over the page's engines of vLLM's running-requests gauge (None: absent)."""
+    values = [s.value for s in scan(page, (RUNNING_GAUGE,)).samples if s.name == RUNNING_GAUGE]
+    return sum(values) / len(values) if values else None
+
+
+async def _sample(session: aiohttp.ClientSession, metrics_url: str, into: list[float]) -> None:
+    while True:
+        with contextlib.suppress(MeasureError):
+            value = running_requests(await engine_page(session, metrics_url))
+            if value is not None:
+                into.append(value)
+        await asyncio.sleep(SAMPLE_EVERY)
+
+
+async def _phase(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    scenario: Scenario,
+    plan: Plan,
+    phase: Phase,
+) -> None:
+    metrics_url = f"{base_url}/metrics"
+    result = ScenarioResult(scenario.name)
+    phase.results.append(result)
+    sampler = asyncio.create_task(_sample(session, metrics_url, phase.running))
+    try:
+        await run_scenario(session, base_url, metrics_url, model, scenario, plan, result)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+
+
+async def measure_curve(
+    spec_url: str,
+    plain_url: str,
+    scenarios: list[Scenario],
+    model: str | None,
+    levels: list[int],
+    plan: Plan,
+    into: list[Level],
+) -> None:
+    """Every level in turn, each scenario against spec then plain; appends to `into`."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        spec_model = model or await model_name(session, spec_url)
+        plain_model = await model_name(session, plain_url)
+        for concurrency in levels:
+            level = Level(concurrency)
+            into.append(level)
+            for scenario in scenarios:
+                # enough requests that the batch stays near the level: >= 3 rounds of it
+                runs = max(plan.runs, -(-LEVEL_ROUNDS * concurrency // len(scenario.prompts)))
+                at = Plan(runs, concurrency, plan.temperature, plan.progress)
+                await _phase(session, spec_url, spec_model, scenario, at, level.spec)
+                await _phase(session, plain_url, plain_model, scenario, at, level.plain)

@@ -1,0 +1,52 @@
+"""How long one decode step takes at a given batch: a memory-bound floor plus batched compute.
+
+A decode step reads every weight once whatever the batch (the floor `weights`), and computes
+over every token it processes (`per_token` each): b tokens for a plain step of b running
+requests, b x (k + 1) for a verify step of k drafts each. The drafter costs a fixed part per
+draft position (`draft_floor`, its own weights) and a part per drafted token (`draft_per_token`).
+So, in units of the single-stream plain step (1/72 s, the dense-27B figure):
+
+    plain(b)     = weights + per_token * b
+    verify(b, k) = weights + k * (draft_floor + draft_per_token * b) + per_token * b * (k + 1)
+
+Calibrated to the published single-stream figures: plain(1) = 1 (72 tok/s) and verify(1, 3) =
+1.78 plain steps (x1.12 at 36 % and x1.85 at 71 % acceptance with k = 3). As b grows the step
+leaves the memory-bound regime and the verify step's extra tokens cost compute: at k = 3 a
+verify step costs 2.24 plain steps at b = 8 and 3.20 at b = 32, so low-acceptance traffic
+(2.08 tokens per step) pays x1.17 alone, x0.93 at 8 and x0.65 at 32. Sources: the linear
+batch-time model of SmartSpec/TurboSpec (arXiv 2406.14066, goodput from a batch-time model)
+and Kong et al. (arXiv 2605.15051, step latency a + b * lambda); the roofline of
+`core/payoff.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SINGLE_STREAM_STEP_SECONDS = 1 / 72  # one plain decode step at batch 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """The model's coefficients, in single-stream plain steps."""
+
+    weights: float = 0.98
+    per_token: float = 0.02
+    draft_floor: float = 0.23
+    draft_per_token: float = 0.01
+
+    def plain(self, batch: int) -> float:
+        """Seconds of one plain decode step with `batch` running requests."""
+        b = max(batch, 1)
+        return SINGLE_STREAM_STEP_SECONDS * (self.weights + self.per_token * b)
+
+    def verify(self, batch: int, drafts: int) -> float:
+        """Seconds of one verify step of `drafts` draft tokens per request (0: a plain step)."""
+        b = max(batch, 1)
+        draft = drafts * (self.draft_floor + self.draft_per_token * b)
+        return SINGLE_STREAM_STEP_SECONDS * (
+            self.weights + draft + self.per_token * b * (drafts + 1)
+        )
+
+
+MODEL = StepTime()
