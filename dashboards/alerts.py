@@ -133,6 +133,33 @@ def silently_off(mix: Mixin) -> dict[str, Any]:
     )
 
 
+def costly_at_load(mix: Mixin) -> dict[str, Any]:
+    """The load-aware speedup's upper 95 % bound below 1: the speedup scales with tokens per
+    step T, whose accepted part (T - 1) carries the acceptance's relative error, so the bound
+    is S x (1 + (1 - 1/T) x half-width / acceptance)."""
+    w = "5m"
+    upper = (
+        f"{ROUTE}:specdec_route_estimated_speedup:ratio_rate{w}\n"
+        f"* on (route, model_name) (\n"
+        f"  {ROUTE}:specdec_route_acceptance_ci_halfwidth:rate{w}\n"
+        f"  / on (route, model_name) {ROUTE}:specdec_route_exact_acceptance:ratio_rate{w}\n"
+        f"  * on (route, model_name) (1 - 1 / {ROUTE}:specdec_route_tokens_per_step:ratio_rate{w})\n"
+        f"  + 1\n)"
+    )
+    return _alert(
+        mix,
+        "SpecDecodeCostlyAtLoad",
+        f"{upper}\n< 1",
+        mix.for_.costly_at_load,
+        "warning",
+        "Speculation slows route {{ $labels.route }} down at the load it runs",
+        "At the engine's current batch, {{ $labels.route }} ({{ $labels.model_name }}) would decode "
+        'faster without speculation: even the upper end of its 95 % interval is {{ $value | printf "%.2f" }}x. '
+        "A verify step's extra tokens cost compute at this batch; see the best draft length "
+        "(specdec_route_best_draft_length) or `specdec advise`.",
+    )
+
+
 def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
     waits, vllm = mix.for_, f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
     rules = [  # SpecDecodeAcceptanceDrop lives with its recording rules (dashboards/rules.py)
@@ -149,6 +176,7 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
             "Estimated speedup of {{ $labels.route }} ({{ $labels.model_name }}) over the last hour is "
             '{{ $value | printf "%.2f" }}x: tokens per step no longer cover the cost of a verify step.',
         ),
+        costly_at_load(mix),
         silently_off(mix),
         _alert(
             mix,

@@ -104,6 +104,7 @@ class Durations:
     """`for:` of the alerts that wait (the request-level ones need none)."""
 
     below_breakeven: str = setting(_duration, "15m")
+    costly_at_load: str = setting(_duration, "10m")
     silently_off: str = setting(_duration, "10m")
     exact_counts_lost: str = setting(_duration, "10m")
     counters_missing: str = setting(_duration, "10m")

@@ -38,6 +38,7 @@ ROUTE_LEGEND = "{{route}} ({{model_name}})"
 ACCEPTANCE_5M = Q.route_rule("acceptance", "ratio_rate5m")
 TOKENS_PER_STEP_5M = Q.route_rule("tokens_per_step", "ratio_rate5m")
 SPEEDUP_5M = Q.route_rule("estimated_speedup", "ratio_rate5m")
+MEASURED_5M = Q.route_rule("speedup", "ratio_rate5m")
 DECODE_5M = Q.route_rule("decode_tokens_per_second", "ratio_rate5m")
 
 
@@ -46,10 +47,11 @@ def headline_stats(mix: Mixin) -> list[Any]:
     return [
         stat(
             "Estimated speedup now",
-            "Tokens per verify step over the last 5 minutes divided by the model's step_cost_ratio "
-            "(what one verify step with k drafts costs, in plain decode steps). Above 1x the route "
-            "decodes faster with speculation; red below 1x: it costs more than it saves. "
-            "Rule route_model_name:specdec_route_estimated_speedup:ratio_rate5m.",
+            "The speedup at the load the engine runs, over the last 5 minutes: tokens per step x a "
+            "plain step's seconds at the batch the requests saw (the model's step-time curve, "
+            "specdec measure --concurrency) / the route's seconds per step. Without a curve: "
+            "tokens per step / step_cost_ratio (batch 1). Red below 1x: speculation costs more "
+            "than it saves. Rule route_model_name:specdec_route_estimated_speedup:ratio_rate5m.",
             [("{{route}}", SPEEDUP_5M)],
             TIMES,
             thresholds=SPEEDUP,
@@ -168,13 +170,16 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
     )
     speedup = timeseries(
         "Speedup: estimated and measured",
-        "Solid: estimated speedup, tokens per step / step_cost_ratio. Dashed: measured speedup, "
-        "the route's decode rate / the model's configured plain decode rate (needs "
-        "plain_decode_tokens_per_second). Below the red 1x line speculation costs more than it "
-        "saves; SpecDecodeBelowBreakEven fires when the 1-hour figure stays below 1x for 15 minutes.",
+        "Both at the load the engine runs (a plain step's seconds at the batch the requests saw, "
+        "from the model's step-time curve). Solid: estimated, tokens per step x plain / the "
+        "route's seconds per step, over its requests with exact counts. Dashed: measured, the "
+        "decode rate of all its streamed requests x the plain step. Over the same requests the "
+        "two are one number; they part when the route also has requests without exact counts. "
+        "Below the red 1x line speculation costs more than it saves; SpecDecodeCostlyAtLoad "
+        "fires when even the interval's upper end stays below 1x for 10 minutes.",
         [
             ("estimated " + ROUTE_LEGEND, SPEEDUP_5M),
-            ("measured " + ROUTE_LEGEND, Q.route_measured_speedup()),
+            ("measured " + ROUTE_LEGEND, MEASURED_5M),
             ("break-even 1x ({{model_name}})", Q.speedup_breakeven()),
         ],
         TIMES,
@@ -220,7 +225,44 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
             }
         ],
     )
-    return [(9, [acceptance, tokens]), (9, [speedup, decode]), (8, [ttft, requests])]
+    lengths = table(
+        "Speedup by draft length at this load",
+        "What each draft length k' would pay the route at the batch it runs now (5 minutes): "
+        "1 + its per-position acceptance summed below k', x a plain step / a step linear in k' "
+        "between plain (k' = 0: speculation off, 1x) and the observed one at the configured k. "
+        "'±' is the 95 % half-width from the acceptance interval. The highest row is the best "
+        "draft length; specdec_route_best_draft_length states it once it beats the runner-up "
+        "by more than their half-widths. `specdec advise` prints a batch-size schedule from it.",
+        [
+            ("", Q.route_speedup_at_draft_length()),
+            ("", Q.route_speedup_at_draft_length("ci_halfwidth")),
+        ],
+        columns={
+            "route": "Route",
+            "model_name": "Model",
+            "draft_length": "Draft length",
+            "Value #A": "Speedup at this load",
+            "Value #B": "± (95 %)",
+        },
+        hide=("Time", "window", "job", "instance", "__name__"),
+        sort_by="route",
+        overrides=[
+            by_name(
+                "Speedup at this load",
+                prop("unit", TIMES),
+                prop("decimals", 2),
+                prop("custom.displayMode", "color-text"),
+                prop("thresholds", {"mode": "absolute", "steps": SPEEDUP}),
+            ),
+            by_name("± (95 %)", prop("unit", TIMES), prop("decimals", 2)),
+        ],
+    )
+    return [
+        (9, [acceptance, tokens]),
+        (9, [speedup, decode]),
+        (9, [lengths]),
+        (8, [ttft, requests]),
+    ]
 
 
 def build(mix: Mixin) -> Any:

@@ -132,6 +132,9 @@ def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
                     f"{route.level}:specdec_route_decode_tokens_per_second:ratio_rate5m",
                     spec.decode_tokens_per_second("5m"),
                 ),
+                record(
+                    f"{route.level}:specdec_route_speedup:ratio_rate5m", spec.measured_speedup("5m")
+                ),
                 *baseline_rules(),
             ],
         }

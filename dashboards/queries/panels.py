@@ -99,10 +99,12 @@ def decode_ceiling() -> str:
 # --- per route -------------------------------------------------------------------------
 
 
-def route_measured_speedup() -> str:
-    """The sidecar's measured decode rate / the model's plain decode rate, 5m window."""
+def route_speedup_at_draft_length(figure: str = "ratio") -> str:
+    """The sidecar's speedup at each draft length 0..k (or its half-width), 5m window."""
     return full_window(
-        f'specdec_route_speedup_ratio{{{RAW_ROUTE}, window="5m"}}', spec.ROUTES, "5m"
+        f'specdec_route_speedup_at_draft_length_{figure}{{{RAW_ROUTE}, window="5m"}}',
+        spec.ROUTES,
+        "5m",
     )
 
 

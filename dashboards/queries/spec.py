@@ -52,10 +52,55 @@ def position_acceptance(s: Scope, window: str, sel: str = "") -> str:
     return f"{per_pos}\n/ on ({', '.join(s.labels)}) group_left ()\n({drafts} > 0)"
 
 
-def estimated_speedup(s: Scope, window: str, sel: str = "") -> str:
-    """Tokens per step / the model's step cost ratio: above 1 speculation pays."""
+def batch(window: str, sel: str = "") -> str:
+    """The batch the engine's running requests saw, per model: rate(b^2 dt) / rate(b dt)."""
+    return ratio(
+        sum_rate(
+            "specdec_engine_running_request_batch_seconds_total", window, ("model_name",), sel
+        ),
+        sum_rate("specdec_engine_running_request_seconds_total", window, ("model_name",), sel),
+    )
+
+
+def step_seconds(kind: str, window: str, sel: str = "") -> str:
+    """A plain (or verify) step's seconds at that batch, from the model's step-time line."""
+    base = f"max by (model_name) (specdec_model_{kind}_step_base_seconds)"
+    slope = f"max by (model_name) (specdec_model_{kind}_step_seconds_per_running_request)"
+    return f"({base}\n+ {slope}\n* on (model_name) (\n{batch(window, sel)}\n))"
+
+
+def _single_stream(s: Scope, window: str, sel: str) -> str:
+    """Tokens per step / the model's step cost ratio: the payoff at batch 1."""
     cost = "max by (model_name) (specdec_model_step_cost_ratio)"
     return f"(\n{tokens_per_step(s, window, sel)}\n)\n/ on (model_name) group_left ()\n{cost}"
+
+
+def estimated_speedup(s: Scope, window: str, sel: str = "") -> str:
+    """The payoff at the load it runs, as the sidecar states it: per route, the exact streamed
+    requests' tokens per second x a plain step's seconds at the batch (tokens per step x plain
+    / seconds per step); else tokens per verify step x plain / verify step at the batch (the
+    model's step-time line); else, without a line or a batch, at batch 1 (tokens per step /
+    step cost ratio)."""
+    plain = step_seconds("plain", window)
+    cost = f"({plain}\n/ on (model_name)\n{step_seconds('verify', window)})"
+    on_line = f"(\n{tokens_per_step(s, window, sel)}\n)\n* on (model_name) group_left ()\n{cost}"
+    fallback = f"(\n{on_line}\n)\nor\n(\n{_single_stream(s, window, sel)}\n)"
+    if s is not ROUTES:
+        return fallback
+    exact = 'source="exact"' + (f", {sel}" if sel else "")
+    observed = (
+        f"(\n{decode_tokens_per_second(window, exact)}\n)\n* on (model_name) group_left ()\n{plain}"
+    )
+    return f"(\n{observed}\n)\nor\n{fallback}"
+
+
+def measured_speedup(window: str, sel: str = "") -> str:
+    """Per route: the decode rate of its streamed requests x a plain step's seconds at the batch
+    (what a plain engine would decode at the same load)."""
+    plain = step_seconds("plain", window)
+    return (
+        f"(\n{decode_tokens_per_second(window, sel)}\n)\n* on (model_name) group_left ()\n{plain}"
+    )
 
 
 def rejected_per_second(s: Scope, window: str, sel: str = "") -> str:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from exporter import __version__
-from exporter.cli import demo, derive, generate, measure, serve, sim
+from exporter.cli import advise, demo, derive, generate, measure, serve, sim
 from exporter.cli.common import EXIT_USAGE
 
 
@@ -29,6 +29,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb in (serve, derive, sim, demo, generate, measure):
+    for verb in (serve, derive, sim, demo, generate, measure, advise):
         verb.register(verbs)
     return parser

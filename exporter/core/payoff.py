@@ -100,6 +100,22 @@ class StepCurve:
     def load_aware(self) -> bool:
         return len(self.points) > 1
 
+    def fit(self, verify: bool = False) -> tuple[float, float] | None:
+        """Least-squares line seconds = base + per_request x running through the plain (or
+        verify) points: what PromQL can evaluate at a batch (one point: flat)."""
+        pts: list[tuple[float, float]] = []
+        for p in self.points:
+            y = p.verify_seconds if verify else p.plain_seconds
+            if y is not None:
+                pts.append((p.running, y))
+        if not pts:
+            return None
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+        return my - slope * mx, slope
+
 
 def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     points = sorted(points)

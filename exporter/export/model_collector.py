@@ -38,7 +38,30 @@ class ModelCollector(Collector):
             "Draft tokens per verify step, k (from config): tokens per step is at most k + 1.",
             labels=["model_name"],
         )
+        fits = {
+            kind: (
+                GaugeMetricFamily(
+                    f"specdec_model_{kind}_step_base_seconds",
+                    f"The {kind} step-time line's seconds at no running request: a {kind} step "
+                    "takes base + per_running_request x running (a least-squares line through the "
+                    "configured step_time curve, flat for the single-stream point).",
+                    labels=["model_name"],
+                ),
+                GaugeMetricFamily(
+                    f"specdec_model_{kind}_step_seconds_per_running_request",
+                    f"The {kind} step-time line's slope: seconds added per running request.",
+                    labels=["model_name"],
+                ),
+            )
+            for kind in ("plain", "verify")
+        }
         for name, m in sorted(self.models.items()):
+            curve = m.curve
+            for kind, (base, slope) in fits.items():
+                line = None if curve is None else curve.fit(verify=kind == "verify")
+                if line is not None:
+                    base.add_metric([name], line[0])
+                    slope.add_metric([name], line[1])
             step_cost.add_metric([name], m.step_cost_ratio)
             drafts_per_step.add_metric([name], float(m.num_speculative_tokens))
             breakeven.add_metric(
@@ -49,3 +72,5 @@ class ModelCollector(Collector):
                     [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
                 )
         yield from (step_cost, drafts_per_step, breakeven, ceiling)
+        for base, slope in fits.values():
+            yield from (base, slope)

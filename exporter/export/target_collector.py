@@ -131,7 +131,22 @@ class TargetCollector(Collector):
             "llamacpp:requests_processing; TensorRT-LLM has none). The step cost depends on it.",
             labels=SERIES,
         )
+        busy = CounterMetricFamily(
+            "specdec_engine_running_request_seconds",
+            "Running requests integrated over time (b dt), as the sidecar saw them scrape to "
+            "scrape: rate(batch_seconds) / rate(this) is the batch its requests saw.",
+            labels=SERIES,
+        )
+        crowded = CounterMetricFamily(
+            "specdec_engine_running_request_batch_seconds",
+            "Running requests squared integrated over time (b^2 dt).",
+            labels=SERIES,
+        )
         for state in self.targets:
+            for (model_name, engine), batch in sorted(state.batch.items()):
+                labels = [state.target.name, model_name, engine]
+                busy.add_metric(labels, batch.request_seconds)
+                crowded.add_metric(labels, batch.batch_request_seconds)
             for (model_name, engine), values in state.gauges.items():
                 labels = [state.target.name, model_name, engine]
                 if "acceptance_length" in values:
@@ -140,7 +155,7 @@ class TargetCollector(Collector):
                     rate.add_metric(labels, values["acceptance_rate"])
                 if RUNNING in values:
                     running.add_metric(labels, values[RUNNING])
-        yield from (f for f in (length, rate, running) if f.samples)
+        yield from (f for f in (length, rate, running, busy, crowded) if f.samples)
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*SERIES, "window"]

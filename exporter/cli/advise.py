@@ -1,0 +1,252 @@
+"""`specdec advise`: from a running sidecar, per route the payoff now, the best draft length and
+what switching speculation off would change; for today's mix, a batch-size -> k schedule in
+the shape of vLLM's dynamic speculative decoding (`DynamicSpeculativeConfig`).
+
+Everything is read from the sidecar's /metrics (its windows, the engine's per-position
+acceptance, the model's step-time line); nothing is re-measured. What it assumes is printed
+with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.core.payoff import DraftLength, best_draft_length, speedups_by_draft_length
+
+EXIT_NO_DATA = 1
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+Labels = frozenset[tuple[str, str]]
+
+
+def register(verbs: Verbs) -> None:
+    p = verbs.add_parser(
+        "advise",
+        help="per route: the payoff now, the best draft length, a DSD schedule",
+        description="Read a running sidecar's /metrics and state, per route, the speedup at the "
+        "load it runs (estimated and measured), the best draft length 0..k and what turning "
+        "speculation off would change; for today's route mix, the draft length per batch-size "
+        "range as vLLM's dynamic speculative decoding config (DynamicSpeculativeConfig: "
+        "batch_stats, acceptance_rate_per_pos, max_num_speculative_tokens). Needs the model's "
+        "step-time curve in the sidecar config (specdec measure --concurrency).",
+    )
+    p.add_argument(
+        "--sidecar",
+        default="http://127.0.0.1:10419",
+        metavar="URL",
+        help="the sidecar (default http://127.0.0.1:10419; its /metrics is read)",
+    )
+    p.add_argument("--window", default="5m", help="which of its windows (default 5m)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(run=run)
+
+
+@dataclass
+class Page:
+    """The sidecar's samples by family name: [(labels, value)]."""
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    def get(self, name: str, **match: str) -> list[tuple[dict[str, str], float]]:
+        return [
+            (labels, value)
+            for labels, value in self.samples.get(name, [])
+            if all(labels.get(k) == v for k, v in match.items())
+        ]
+
+
+def read(url: str) -> Page:
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode("utf-8", errors="replace")
+    page = Page()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            page.samples[s.name].append((dict(s.labels), s.value))
+    return page
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.sidecar.startswith(("http://", "https://")):
+        print(f"specdec advise: --sidecar wants http(s)://HOST:PORT, got {args.sidecar!r}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    try:
+        page = read(args.sidecar)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"specdec advise: cannot read {args.sidecar}/metrics: {exc}", file=sys.stderr)
+        return EXIT_NO_DATA
+    advice, problem = advise(page, args.window)
+    if problem:
+        print(f"specdec advise: {problem}", file=sys.stderr)
+        return EXIT_NO_DATA
+    print(json.dumps(advice, indent=2) if args.json else to_text(advice))
+    return 0
+
+
+def advise(page: Page, window: str) -> tuple[dict[str, Any], str | None]:
+    """The advice document, or why there is none."""
+    models = {
+        labels["model_name"] for labels, _ in page.get("specdec_model_plain_step_base_seconds")
+    }
+    if not models:
+        return {}, (
+            "the sidecar has no step-time curve for any model: add `step_time` (specdec measure "
+            "--concurrency 1,8,32 --baseline-url ...) to its models: config"
+        )
+    routes = _routes(page, window)
+    if not routes:
+        return {}, (
+            f"no route has a full {window} window of traffic with a speedup yet (is traffic "
+            "going through the proxy, and is the sidecar older than the window?)"
+        )
+    schedules = {model: _schedule(page, model, window) for model in sorted(models)}
+    return {
+        "window": window,
+        "routes": routes,
+        "dynamic_speculative_decoding": schedules,
+        "assumes": [
+            "the speedup is against a plain engine running the same batch (closed-loop clients)",
+            "a step's seconds are linear in the draft length between a plain step and the "
+            "observed one at the configured k",
+            "acceptance at positions beyond the configured k is unknown: k is not raised",
+            "the schedule uses the engine's per-position acceptance over the window: today's "
+            "route mix",
+        ],
+    }, None
+
+
+def _routes(page: Page, window: str) -> list[dict[str, Any]]:
+    out = []
+    for labels, estimated in page.get("specdec_route_estimated_speedup_ratio", window=window):
+        route, model = labels["route"], labels["model_name"]
+        key = {"route": route, "model_name": model, "window": window}
+        measured = page.get("specdec_route_speedup_ratio", **key)
+        lengths = {
+            int(lb["draft_length"]): v
+            for lb, v in page.get("specdec_route_speedup_at_draft_length_ratio", **key)
+        }
+        halves = {
+            int(lb["draft_length"]): v
+            for lb, v in page.get("specdec_route_speedup_at_draft_length_ci_halfwidth", **key)
+        }
+        best = page.get("specdec_route_best_draft_length", **key)
+        out.append(
+            {
+                "route": route,
+                "model_name": model,
+                "speedup_estimated": estimated,
+                "speedup_measured": measured[0][1] if measured else None,
+                "by_draft_length": {k: [v, halves.get(k)] for k, v in sorted(lengths.items())},
+                "best_draft_length": int(best[0][1]) if best else None,
+                "speculation_off_changes_decode_by": 1 / estimated - 1 if estimated else None,
+            }
+        )
+    return sorted(out, key=lambda r: str(r["route"]))
+
+
+def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
+    """The k per batch size for the model's mix: the engine's P(more than i accepted) over the
+    window and the step-time line at each batch (itl: a step's seconds at k' drafts)."""
+
+    def one(name: str) -> float | None:
+        found = page.get(name, model_name=model)
+        return found[0][1] if found else None
+
+    plain0, plain1 = (
+        one("specdec_model_plain_step_base_seconds"),
+        one("specdec_model_plain_step_seconds_per_running_request"),
+    )
+    verify0, verify1 = (
+        one("specdec_model_verify_step_base_seconds"),
+        one("specdec_model_verify_step_seconds_per_running_request"),
+    )
+    positions = sorted(
+        (int(lb["position"]), v)
+        for lb, v in page.get(
+            "specdec_position_acceptance_ratio", model_name=model, engine="all", window=window
+        )
+    )
+    if plain0 is None or plain1 is None or verify0 is None or verify1 is None or not positions:
+        return {"error": f"no per-position acceptance over {window} or no verify-step line"}
+    per_position = tuple(v for _, v in positions)
+    k = len(per_position)
+    stats: dict[int, dict[int, float]] = {}
+    best_k: dict[int, int] = {}
+    for b in BATCHES:
+        plain, verify = plain0 + plain1 * b, verify0 + verify1 * b
+        options = speedups_by_draft_length(per_position, 1.0, plain, verify, 0.0)
+        stats[b] = {o.draft_length: _seconds(plain, verify, o, k) for o in options}
+        chosen = best_draft_length(options)
+        best_k[b] = chosen.draft_length if chosen else k
+    return {
+        "num_speculative_tokens_per_batch_size": _ranges(best_k),
+        "batch_stats": stats,
+        "acceptance_rate_per_pos": list(per_position),
+        "max_num_speculative_tokens": k,
+    }
+
+
+def _seconds(plain: float, verify: float, option: DraftLength, k: int) -> float:
+    return plain + (verify - plain) * option.draft_length / k
+
+
+def _ranges(best: dict[int, int]) -> dict[str, int]:
+    """{1: 3, 2: 3, 4: 2, ...} -> {"1-3": 3, "4-...": 2}: one entry per run of equal k."""
+    sizes = sorted(best)
+    out: dict[str, int] = {}
+    start = sizes[0]
+    for i, b in enumerate(sizes):
+        last = i + 1 == len(sizes)
+        if last or best[sizes[i + 1]] != best[b]:
+            end = "" if last else str(sizes[i + 1] - 1)
+            out[f"{start}-{end}" if end != str(start) else str(start)] = best[b]
+            if not last:
+                start = sizes[i + 1]
+    return out
+
+
+def to_text(advice: dict[str, Any]) -> str:
+    lines = [f"over the last {advice['window']}:"]
+    for r in advice["routes"]:
+        est, meas = r["speedup_estimated"], r["speedup_measured"]
+        line = f"  {r['route']} ({r['model_name']}): speedup x{est:.2f} at the load it runs"
+        if meas is not None:
+            line += f" (decode rate says x{meas:.2f})"
+        lines.append(line)
+        if est:
+            off = r["speculation_off_changes_decode_by"]
+            lines.append(f"    speculation off: decode {off:+.0%}")
+        lengths = ", ".join(
+            f"k={k}: x{v:.2f}" + (f" ±{h:.2f}" if h is not None else "")
+            for k, (v, h) in r["by_draft_length"].items()
+        )
+        if lengths:
+            lines.append(f"    by draft length: {lengths}")
+        best = r["best_draft_length"]
+        lines.append(
+            f"    best draft length: {best}"
+            if best is not None
+            else "    best draft length: not told apart from the runner-up yet (more traffic)"
+        )
+    for model, sched in advice["dynamic_speculative_decoding"].items():
+        lines.append(f"\n{model}: draft length by batch size for today's mix")
+        if "error" in sched:
+            lines.append(f"  {sched['error']}")
+            continue
+        for size, k in sched["num_speculative_tokens_per_batch_size"].items():
+            lines.append(f"  running {size}: k = {k}")
+        lines.append("  as vLLM's DynamicSpeculativeConfig (check the key in your release):")
+        lines.append("  " + json.dumps(sched))
+    lines.append("\nassumes: " + "; ".join(advice["assumes"]))
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""`specdec advise`: the advice from a sidecar page, and its clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+
+from exporter.cli.advise import Page, _ranges, advise
+from tests.helpers import free_port, specdec
+
+
+def page(with_curve: bool = True, with_routes: bool = True) -> Page:
+    p = Page()
+
+    def add(name: str, value: float, **labels: str) -> None:
+        p.samples[name].append((labels, value))
+
+    if with_curve:  # the simulator's model: plain (0.98 + 0.02 b) / 72, verify (1.67 + 0.11 b) / 72
+        add("specdec_model_plain_step_base_seconds", 0.98 / 72, model_name="m")
+        add("specdec_model_plain_step_seconds_per_running_request", 0.02 / 72, model_name="m")
+        add("specdec_model_verify_step_base_seconds", 1.67 / 72, model_name="m")
+        add("specdec_model_verify_step_seconds_per_running_request", 0.11 / 72, model_name="m")
+    for i, v in enumerate((0.75, 0.52, 0.32)):  # P(more than i drafts accepted), the mix
+        add("specdec_position_acceptance_ratio", v, model_name="m", engine="all", window="5m",
+            position=str(i), target="t")  # fmt: skip
+    if with_routes:
+        key = {"route": "voice", "model_name": "m", "window": "5m"}
+        add("specdec_route_estimated_speedup_ratio", 0.8, **key)
+        add("specdec_route_speedup_ratio", 0.81, **key)
+        for k, v in enumerate((1.0, 1.07, 0.97, 0.84)):
+            add("specdec_route_speedup_at_draft_length_ratio", v, draft_length=str(k), **key)
+        add("specdec_route_best_draft_length", 1.0, **key)
+    return p
+
+
+def test_the_advice_per_route_and_the_schedule() -> None:
+    advice, problem = advise(page(), "5m")
+    assert problem is None
+    (voice,) = advice["routes"]
+    assert voice["best_draft_length"] == 1 and voice["speedup_measured"] == 0.81
+    assert abs(voice["speculation_off_changes_decode_by"] - 0.25) < 1e-9  # 1 / 0.8 - 1
+    schedule = advice["dynamic_speculative_decoding"]["m"]
+    assert schedule["max_num_speculative_tokens"] == 3
+    assert schedule["acceptance_rate_per_pos"] == [0.75, 0.52, 0.32]
+    ks = schedule["num_speculative_tokens_per_batch_size"]
+    assert list(ks.values()) == sorted(ks.values(), reverse=True)  # k falls as the batch grows
+    assert ks[next(iter(ks))] >= 2 and ks[list(ks)[-1]] == 0
+    stats = schedule["batch_stats"]
+    assert stats[1][0] == 0.98 / 72 + 0.02 / 72 and stats[1][3] == 1.67 / 72 + 0.11 / 72
+
+
+def test_no_curve_and_no_traffic_are_said() -> None:
+    assert "step-time curve" in (advise(page(with_curve=False), "5m")[1] or "")
+    assert "full 5m window" in (advise(page(with_routes=False), "5m")[1] or "")
+
+
+def test_ranges() -> None:
+    assert _ranges({1: 3, 2: 3, 4: 2, 8: 2, 16: 0}) == {"1-3": 3, "4-15": 2, "16-": 0}
+
+
+def test_no_sidecar_is_one_line_and_exit_1() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    out = subprocess.run(specdec("advise", "--sidecar", url), capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and "cannot read" in out.stderr, out.stderr
+    bad = subprocess.run(specdec("advise", "--sidecar", "nohost"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "--sidecar" in bad.stderr
