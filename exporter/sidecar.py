@@ -113,7 +113,8 @@ class Sidecar:
     def apply(self, new: Config) -> None:
         """A reloaded config, applied at once (no await: no request sees half of it). Targets
         are matched by name: a kept one keeps its running totals (a changed one is scraped
-        anew), a new one starts, a removed one stops. New windows fill again from now. Routes,
+        anew), a new one starts, a removed one stops. Windows change over the same history: a kept
+        one keeps its figures, a longer new one appears once the history covers it. Routes,
         models and the proxy's limits and timeouts apply to new requests. NeedsRestart, and
         nothing applied, for what only a restart can change."""
         old = self.config

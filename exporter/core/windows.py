@@ -59,6 +59,13 @@ class History(Generic[K, V]):
         self._keep = max((w.seconds for w in self.windows), default=0.0)
         self._ring: deque[tuple[float, Mapping[K, V]]] = deque()
 
+    def with_windows(self, windows: Sequence[Window]) -> History[K, V]:
+        """The same snapshots under new windows (a reload): a window kept keeps its figures,
+        a longer new one appears once the snapshots cover it."""
+        new: History[K, V] = History(windows, self.born_at_zero)
+        new._ring = deque(self._ring)
+        return new
+
     def record(self, t: float, snapshot: Mapping[K, V]) -> None:
         self._ring.append((t, snapshot))
         # drop what no window needs: keep one snapshot at or before the longest window's start

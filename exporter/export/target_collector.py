@@ -1,5 +1,5 @@
-"""The one custom collector: every family is built fresh from the targets' state on each scrape
-of the sidecar, so series of a vanished target or series disappear with it."""
+"""The targets' families, built fresh from their state on each scrape of the sidecar, so series
+of a vanished target or series disappear with it."""
 
 from __future__ import annotations
 

@@ -139,10 +139,10 @@ class Accounting:
         self._exact_by_model: dict[str, Counts] = {}
 
     def rewindow(self, windows: Sequence[Window]) -> None:
-        """New rolling windows: they fill again from now; the counters are untouched."""
-        self.history = History(windows, born_at_zero=True)
-        self.decode_history = History(windows, born_at_zero=True)
-        self.moments_history = History(windows, born_at_zero=True)
+        """New rolling windows over the same history: the counters are untouched."""
+        self.history = self.history.with_windows(windows)
+        self.decode_history = self.decode_history.with_windows(windows)
+        self.moments_history = self.moments_history.with_windows(windows)
 
     def label_model(self, name: str | None) -> str:
         """A model_name label value: served names as upstream reports them, bounded in number

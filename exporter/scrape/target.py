@@ -56,9 +56,9 @@ class TargetState:
         self.families = families(target.engine, target.prefix)
 
     def rewindow(self, windows: tuple[Window, ...]) -> None:
-        """New rolling windows: they fill again from now; the counters are untouched."""
-        self.history = History(windows)
-        self.batch_history = History(windows, born_at_zero=True)
+        """New rolling windows over the same history: the counters are untouched."""
+        self.history = self.history.with_windows(windows)
+        self.batch_history = self.batch_history.with_windows(windows)
 
     def mean_running(self, window: Window, now: float, partial: bool = False) -> dict[str, float]:
         """Per model_name, the batch its running requests saw over the window (each page's

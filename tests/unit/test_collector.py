@@ -100,6 +100,8 @@ def test_family_types(targets):
         "specdec_engine_restarts",
         "specdec_scrape_errors",
         "specdec_malformed_lines",
+        "specdec_engine_running_request_seconds",  # the batch integrated (b dt, b^2 dt)
+        "specdec_engine_running_request_batch_seconds",
     }
     gauges = {
         "specdec_acceptance_ratio",

@@ -322,3 +322,18 @@ def test_a_series_born_at_zero_inside_the_window_counts_whole():
         history.record(70.0, {key: Counts(20.0, 60.0, 30.0)})
         history.record(80.0, {key: Counts(30.0, 90.0, 45.0)})
         assert history.increase(window, 80.0)[key].drafts == want
+
+
+def test_a_reload_that_adds_a_window_keeps_the_others_figures() -> None:
+    """SIGHUP with `windows:` changed: the kept 1m window keeps its figure at once (it vanished
+    until new traffic came before); the new 15m one appears once the history covers it."""
+    state = new_state((M1,))
+    for i in range(13):
+        state.ingest(steady_page(i), float(10 * i))
+    before = state.history.increase(M1, 120.0)
+    state.rewindow((M1, M15))
+    assert state.history.increase(M1, 120.0) == before != {}
+    assert state.history.increase(M15, 120.0) == {}  # 2 minutes of history: not 15 yet
+    for i in range(13, 13 + 6 * 14):
+        state.ingest(steady_page(i), float(10 * i))
+    assert state.history.increase(M15, float(10 * (12 + 6 * 14))) != {}
