@@ -14,7 +14,11 @@ from exporter.cli.common import EXIT_USAGE
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # with the verb's own usage, not the top level's
+        (parser if args.verb is None else args.parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     if args.verb is None:
         parser.print_help()
         return EXIT_USAGE
@@ -31,4 +35,6 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in (serve, derive, sim, demo, generate, measure, advise):
         verb.register(verbs)
+    for name, sub in verbs.choices.items():
+        sub.set_defaults(parser=sub, verb=name)
     return parser

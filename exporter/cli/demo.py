@@ -90,12 +90,15 @@ def run(args: argparse.Namespace) -> int:
         with_prometheus=args.with_prometheus,
         prometheus_port=args.prometheus_port,
     )
-    if options.speed <= 0 or options.concurrency < 1 or options.report_every <= 0:
-        print(
-            "specdec demo: --speed and --report-every must be > 0, --concurrency >= 1",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+    for flag, value, ok, want in (
+        ("--speed", options.speed, options.speed > 0, "> 0"),
+        ("--report-every", options.report_every, options.report_every > 0, "> 0"),
+        ("--concurrency", options.concurrency, options.concurrency >= 1, ">= 1"),
+        ("--duration", options.duration, options.duration is None or options.duration > 0, "> 0"),
+    ):
+        if not ok:
+            print(f"specdec demo: {flag} must be {want}, got {value}", file=sys.stderr)
+            return EXIT_USAGE
     ports = [
         (args.host, args.sim_port, "--sim-port"),
         (args.host, args.sidecar_port, "--sidecar-port"),

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             p.read_text(encoding="utf-8", errors="replace") for p in (args.before, args.after)
         )
     except OSError as exc:
-        print(f"specdec: {exc}", file=sys.stderr)
+        print(f"specdec derive: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
     fams = families(args.engine, args.prefix)
     found = delta(before, after, fams)

@@ -96,7 +96,7 @@ def _mixin(args: argparse.Namespace) -> Any:
         return mixin.load(args.config)
     except ConfigError as exc:
         for message in exc.messages:
-            print(f"specdec: config error: {message}", file=sys.stderr)
+            print(f"specdec {args.verb}: config error: {message}", file=sys.stderr)
         return None
 
 

@@ -23,7 +23,8 @@ def register(verbs: Verbs) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="YAML config file (targets, listen, windows). Exclusive with --target.",
+        help="YAML config file: listen, windows, targets, the proxy and its routes, models "
+        "(docs/configuration.md). Exclusive with --target.",
     )
     p.add_argument(
         "--target",
@@ -75,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
         config = _serve_config(args)
     except ConfigError as exc:
         for message in exc.messages:
-            print(f"specdec: config error: {message}", file=sys.stderr)
+            print(f"specdec serve: config error: {message}", file=sys.stderr)
         return EXIT_USAGE
     try:
         check_free(_addresses(args, config))
     except AddressInUse as exc:
-        print(f"specdec: {exc}", file=sys.stderr)
+        print(f"specdec serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from exporter.sidecar import serve
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs
@@ -84,11 +85,36 @@ def register(verbs: Verbs) -> None:
     p.set_defaults(run=run)
 
 
+def _profile_name(item: str, known: dict[str, Any]) -> str:
+    """NAME of NAME=MEAN[:C]: one of the simulator's profiles."""
+    name = item.partition("=")[0]
+    if name not in known:
+        raise ValueError(
+            f"--profile {item!r}: no profile {name!r}; the profiles are {', '.join(sorted(known))}"
+        )
+    return name
+
+
+def _profile(item: str, known: dict[str, Any]) -> Any:
+    """NAME=MEAN[:C] -> the profile with that mean and concentration (C: the old one's)."""
+    from exporter.sim.profiles import Profile
+
+    name, _, value = item.partition("=")
+    mean, _, concentration = value.partition(":")
+    base = known[name]
+    try:
+        return Profile(name, float(mean), base.decay, float(concentration or base.concentration))
+    except ValueError as exc:
+        raise ValueError(
+            f"--profile {item!r}: wants NAME=MEAN[:C], MEAN in [0, 1], C > 0 ({exc})"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from exporter.sim.decoder import SimEngine
-    from exporter.sim.profiles import DEFAULT_PROFILES, Profile
+    from exporter.sim.profiles import DEFAULT_PROFILES
     from exporter.sim.server import build_app
 
     logs.setup()
@@ -96,16 +122,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         host, port = from_flags([], args.listen, 1.0, None).listen
         for item in args.profile:
-            name, _, value = item.partition("=")
-            mean, _, concentration = value.partition(":")
-            if not name:
-                raise ValueError(f"--profile wants NAME=MEAN[:C], got {item!r}")
-            base = profiles.get(name, Profile(name, 0.0))
-            profiles[name] = Profile(
-                name, float(mean), base.decay, float(concentration or base.concentration)
-            )
-        if args.engines < 1 or args.num_speculative_tokens < 0 or args.speed <= 0:
-            raise ValueError("--engines >= 1, --num-speculative-tokens >= 0, --speed > 0")
+            name = _profile_name(item, profiles)
+            profiles[name] = _profile(item, profiles)
+        for flag, ok, want in (
+            ("--engines", args.engines >= 1, ">= 1"),
+            ("--num-speculative-tokens", args.num_speculative_tokens >= 0, ">= 0"),
+            ("--speed", args.speed > 0, "> 0"),
+        ):
+            if not ok:
+                raise ValueError(
+                    f"{flag} must be {want}, got {getattr(args, flag[2:].replace('-', '_'))}"
+                )
     except (ConfigError, ValueError) as exc:
         print(f"specdec sim: bad arguments: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -17,12 +17,13 @@ from tests.helpers import child, free_port, http_get, samples, specdec, value, w
 def test_zero_config_serve(tmp_path: Path) -> None:
     fake, fake_port, port = FakeVllm(step=Counts(4, 12, 3, (2, 1, 0))), free_port(), free_port()
     args = ["serve", "--target", f"http://127.0.0.1:{fake_port}/metrics"]
-    args += ["--listen", f"127.0.0.1:{port}", "--interval", "0.1", "--window", "30s"]
+    # a window's gauges appear once the sidecar is as old as it
+    args += ["--listen", f"127.0.0.1:{port}", "--interval", "0.1", "--window", "3s"]
     with serve_fake(fake, fake_port), child(specdec(*args), tmp_path / "log"):
         url = f"http://127.0.0.1:{port}/metrics"
         got = wait_for(
             lambda: value(
-                samples(http_get(url)), "specdec_acceptance_ratio", engine="0", window="30s"
+                samples(http_get(url)), "specdec_acceptance_ratio", engine="0", window="3s"
             ),
             what="acceptance gauge",
         )

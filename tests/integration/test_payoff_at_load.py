@@ -14,7 +14,6 @@ step's seconds against a plain step's at the same batch).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import time
@@ -22,22 +21,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from exporter.measure.scenarios import builtin
-from exporter.measure.stream_client import stream_chat
+from tests.ab_traffic import PROFILE, ROUTES, alternate
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 
 LEVELS = (1, 8, 32)
 PHASE = 12.0  # seconds of one phase
 WINDOW = 40.0  # the sidecar's window: both speculative phases of a level (spec, plain, spec)
 TOLERANCE = 0.05
-ROUTES = {  # route -> (scenario, max_tokens, header)
-    "voice_chat": ("ja_chat", 80, "voice"),
-    "coding_agent": ("code_agent", 200, "agent"),
-}
-PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}
+Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -49,16 +43,6 @@ class Rig:
     proxy: str
     metrics: str
     started: float  # when the sidecar came up
-
-
-@dataclass
-class Decoded:
-    tokens: float = 0.0
-    seconds: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds
 
 
 def pack(tmp: Path) -> Path:
@@ -155,35 +139,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             yield Rig(spec, plain, f"http://127.0.0.1:{proxy_port}", metrics, time.monotonic())
 
 
-async def traffic(base: str, concurrency: int, seconds: float, proxied: bool) -> dict[str, Decoded]:
-    """Closed-loop clients, half per route (one alternating at concurrency 1), for `seconds`;
-    per route the decode tokens after the first and their seconds as the clients saw them."""
-    found = {route: Decoded() for route in ROUTES}
-    deadline = time.monotonic() + seconds
-    names = list(ROUTES)
-
-    async def client(worker: int, session: aiohttp.ClientSession) -> None:
-        i = 0
-        while time.monotonic() < deadline:
-            route = names[(worker + i) % 2] if concurrency == 1 else names[worker % 2]
-            scenario, max_tokens, header = ROUTES[route]
-            body = {
-                "model": "sim-27b",
-                "messages": builtin(scenario).messages(i),
-                "max_tokens": max_tokens,
-            }
-            headers = {"X-Route": header} if proxied else None
-            r = await stream_chat(session, f"{base}/v1/chat/completions", body, headers)
-            if r.decode_seconds > 0:
-                found[route].tokens += r.completion_tokens - 1
-                found[route].seconds += r.decode_seconds
-            i += 1
-
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(client(w, session) for w in range(concurrency)))
-    return found
-
-
 def truth(url: str) -> dict[str, dict[str, float]]:
     data = json.loads(http_get(url + "/admin/truth"))
     return {name: t["decode"] for name, t in data.items()}
@@ -200,16 +155,12 @@ def test_the_payoff_at_load_agrees_with_the_ab_truth(rig: Rig, concurrency: int)
     young = WINDOW - 3 * PHASE + 2
     wait_for(lambda: time.monotonic() - rig.started > young, timeout=young + 5, what="history")
     before = truth(rig.spec)
-    spec = {route: Decoded() for route in ROUTES}
-    plain = {route: Decoded() for route in ROUTES}
-    for phase in range(2):
-        for into, url, proxied in ((spec, rig.proxy, True), (plain, rig.plain, False)):
-            if phase == 1 and not proxied:  # the window ends with the last speculative phase
-                page = samples(http_get(rig.metrics))
-                after = truth(rig.spec)
-            for route, d in asyncio.run(traffic(url, concurrency, PHASE, proxied)).items():
-                into[route].tokens += d.tokens
-                into[route].seconds += d.seconds
+
+    def read() -> tuple[Page, dict[str, dict[str, float]]]:
+        return samples(http_get(rig.metrics)), truth(rig.spec)
+
+    spec, plain, seen = alternate(rig.proxy, rig.plain, "sim-27b", concurrency, PHASE, read)
+    page, after = seen
     report = []
     for route in ROUTES:
         ab = spec[route].rate / plain[route].rate

@@ -1,0 +1,89 @@
+"""Closed-loop A/B traffic of the two routes (Japanese voice chat, a coding agent): the same
+requests against a speculative endpoint (through the proxy, routed by header) and a plain one,
+measured as the clients see them. Used by tests/integration/test_payoff_at_load.py and
+bench/payoff_real_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import aiohttp
+
+from exporter.measure.scenarios import builtin
+from exporter.measure.stream_client import stream_chat
+
+ROUTES = {  # route -> (scenario, max_tokens, header value)
+    "voice_chat": ("ja_chat", 80, "voice"),
+    "coding_agent": ("code_agent", 200, "agent"),
+}
+PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}
+T = TypeVar("T")
+
+
+@dataclass
+class Decoded:
+    """Tokens after the first and the seconds from the first content token to the last."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    def __iadd__(self, other: Decoded) -> Decoded:
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+        return self
+
+
+async def traffic(
+    base: str, model: str, concurrency: int, seconds: float, proxied: bool
+) -> dict[str, Decoded]:
+    """Closed-loop clients, half per route (one alternating at concurrency 1), for `seconds`;
+    per route the decode tokens after the first and their seconds as the clients saw them."""
+    found = {route: Decoded() for route in ROUTES}
+    deadline = time.monotonic() + seconds
+    names = list(ROUTES)
+
+    async def client(worker: int, session: aiohttp.ClientSession) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            route = names[(worker + i) % 2] if concurrency == 1 else names[worker % 2]
+            scenario, max_tokens, header = ROUTES[route]
+            body = {
+                "model": model,
+                "messages": builtin(scenario).messages(i),
+                "max_tokens": max_tokens,
+            }
+            headers = {"X-Route": header} if proxied else None
+            r = await stream_chat(session, f"{base}/v1/chat/completions", body, headers)
+            if r.decode_seconds > 0:
+                found[route] += Decoded(r.completion_tokens - 1, r.decode_seconds)
+            i += 1
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(client(w, session) for w in range(concurrency)))
+    return found
+
+
+def alternate(
+    spec: str, plain: str, model: str, concurrency: int, phase: float, read: Callable[[], T]
+) -> tuple[dict[str, Decoded], dict[str, Decoded], T]:
+    """spec, plain, spec, plain (a 2-core machine's load drifts): the clients' decode per
+    route on each side, and what `read()` returned right after the last speculative phase."""
+    on = {route: Decoded() for route in ROUTES}
+    off = {route: Decoded() for route in ROUTES}
+    seen: T | None = None
+    for round_ in range(2):
+        for into, url, proxied in ((on, spec, True), (off, plain, False)):
+            if round_ == 1 and not proxied:
+                seen = read()
+            for route, d in asyncio.run(traffic(url, model, concurrency, phase, proxied)).items():
+                into[route] += d
+    assert seen is not None
+    return on, off, seen
