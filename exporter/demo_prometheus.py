@@ -1,7 +1,7 @@
 """`specdec demo --with-prometheus`: Debian's `prometheus` as a child of the demo, with the
 repo's rules, scraping the demo's own ports. Its TSDB lives in a temp dir removed at exit; its
-output goes to a log file that stays, so a Prometheus that dies at start is reported with the
-end of that log and the file's name."""
+output goes to a log file, so a Prometheus that dies at start is reported with the end of that
+log and the file's name; after a clean run the log is removed."""
 
 from __future__ import annotations
 
@@ -103,8 +103,11 @@ async def prometheus_child(
                     )
                 await asyncio.sleep(0.2)
             yield url
-        finally:
+        except BaseException:
             _stop(proc)
+            raise  # its log stays, named in the message
+        _stop(proc)
+        log.unlink(missing_ok=True)  # a clean run leaves nothing behind
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

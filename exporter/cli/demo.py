@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from pathlib import Path
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, Verbs
@@ -73,6 +75,17 @@ def register(verbs: Verbs) -> None:
     p.set_defaults(run=run)
 
 
+def prometheus_missing() -> str | None:
+    """What --with-prometheus lacks here, in one phrase; None when it can run."""
+    if shutil.which("prometheus") is None:
+        return "needs `prometheus` on PATH (Debian: apt-get install prometheus)"
+    if not Path("prometheus.yml").is_file():
+        return (
+            f"needs the repo's prometheus.yml, not found in {Path.cwd()} (run from the repo root)"
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from exporter import demo
     from exporter.demo_prometheus import ChildFailed
@@ -98,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
     ):
         if not ok:
             print(f"specdec demo: {flag} must be {want}, got {value}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.with_prometheus:
+        missing = prometheus_missing()
+        if missing:
+            print(f"specdec demo: --with-prometheus: {missing}", file=sys.stderr)
             return EXIT_USAGE
     ports = [
         (args.host, args.sim_port, "--sim-port"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.demo_prometheus import log_path
 from tests.helpers import free_port, http_get, need_tool, samples, specdec, value, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,7 +140,20 @@ def test_a_stop_signal_ends_the_demo_and_its_prometheus(tmp_path: Path, sig: int
     assert code == 0, out.read_text()[-2000:]
     assert not Path(f"/proc/{child}").exists(), "Prometheus outlived the demo"
     assert not temp_dir.exists(), f"{temp_dir} left behind"
+    assert not log_path(prom_port).exists(), "a clean stop keeps no Prometheus log"
     assert "Traceback" not in out.read_text()
+
+
+def test_with_prometheus_outside_the_repo_root_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    need_tool("prometheus")
+    done = subprocess.run(
+        specdec("demo", "--with-prometheus"), cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == (
+        "specdec demo: --with-prometheus: needs the repo's prometheus.yml, not found in "
+        f"{tmp_path} (run from the repo root)"
+    )
 
 
 def test_a_prometheus_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
