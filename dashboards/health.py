@@ -117,7 +117,9 @@ def panels(mix: Mixin) -> list[tuple[int, list[Any]]]:
         "Attribution coverage",
         "Drafts accounted to routes / the engine's drafts, over 1 minute (solid) and 15 "
         f"minutes (dashed). The red line is the alert threshold ({coverage_min:.0%}); short "
-        "dips happen while long requests are still running.",
+        "dips happen while long requests are still running, and short peaks a little above "
+        "100 % after them: the proxy counts a request's drafts when it ends, the engine as its "
+        "steps run, so a window can hold drafts the engine counted before it began.",
         [
             ("{{target}} 1m", Q.coverage("1m")),
             ("{{target}} 15m", Q.coverage("15m")),

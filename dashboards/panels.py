@@ -10,11 +10,14 @@ or NaN panel, and `normalise()`, which deletes the nulls and old keys Grafana's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from grafanalib import core as G
+
+from exporter.core.durations import parse_duration
 
 JSON = dict[str, Any]
 
@@ -26,9 +29,20 @@ NO_FULL_WINDOW = "No traffic over a full window"  # panels whose figures wait fo
 
 def no_value_for(queries: Sequence[tuple[str, str]]) -> str:
     """What an empty panel says: a panel of full-window figures (an `offset` history guard, see
-    dashboards/queries/panels.py) is also empty while its routes or engines are young."""
-    guarded = any(" offset " in expr and "group by" in expr for _, expr in queries)
-    return NO_FULL_WINDOW if guarded else NO_TRAFFIC
+    dashboards/queries/panels.py) is also empty while its routes or engines are young, and
+    says how much history it waits for."""
+    windows = sorted(
+        {
+            w
+            for _, expr in queries
+            if "group by" in expr
+            for w in re.findall(r" offset (\w+)", expr)
+        },
+        key=parse_duration,
+    )
+    if not windows:
+        return NO_TRAFFIC
+    return f"{NO_FULL_WINDOW}: a series shows once it has {windows[-1]} of history"
 
 
 # units (Grafana unit ids; "suffix:" is Grafana's custom-unit syntax)

@@ -342,6 +342,18 @@ def _draw_table(ax: Any, panel: JSON, results: list[tuple[Query, JSON]]) -> None
         cell.get_text().set_color(TEXT if row == 0 else colours[row - 1][col])
 
 
+def _with_values(title: str, values: dict[str, str]) -> str:
+    """A title with its `$variable`s replaced as Grafana shows them (several values: a, b)."""
+
+    def value(match: re.Match[str]) -> str:
+        found = values.get(match.group(1))
+        if found is None:
+            return match.group(0)
+        return "all" if found in (".+", ".*") else ", ".join(found.strip("()").split("|"))
+
+    return re.sub(r"\$(\w+)", value, title)
+
+
 def preview(
     data: JSON, base: str, out: Path, values: dict[str, str], range_s: float, now: float
 ) -> Path:
@@ -377,7 +389,13 @@ def preview(
         for spine in frame.spines.values():
             spine.set_color(GRID)
         frame.set_title(
-            panel.get("title", ""), color=TEXT, fontsize=9, loc="left", pad=-12, y=1.0, x=0.01
+            _with_values(panel.get("title", ""), values),
+            color=TEXT,
+            fontsize=9,
+            loc="left",
+            pad=-12,
+            y=1.0,
+            x=0.01,
         )
         kind = panel["type"]
         left, right, bottom, head = (
