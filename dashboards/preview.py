@@ -399,7 +399,7 @@ def preview(
         )
         kind = panel["type"]
         left, right, bottom, head = (
-            (0.95, 0.2, 0.45, 0.4) if kind == "timeseries" else (0.1, 0.1, 0.1, 0.4)
+            (0.95, 0.2, 0.45, 0.4) if kind in ("timeseries", "heatmap") else (0.1, 0.1, 0.1, 0.4)
         )
         inner = (
             x0 + left / width_in,
@@ -469,14 +469,22 @@ def _draw_heatmap(ax: Any, panel: JSON, data: list[Series], now: float) -> None:
         grid.append([max(0.0, a - b) for a, b in zip(level, below, strict=True)])
         below = level
     minutes = [(t - now) / 60 for t in times]
-    ax.imshow(
-        grid,
+    import matplotlib as mpl  # type: ignore[import-not-found,unused-ignore]
+    import numpy as np
+
+    cmap = mpl.colormaps["inferno"].copy()
+    cmap.set_bad(PANEL)  # an empty cell is the panel, as on Grafana's dark theme
+    image = ax.imshow(
+        np.ma.masked_less_equal(np.array(grid), 0.0),
         aspect="auto",
         origin="lower",
-        cmap="Oranges",
+        cmap=cmap,
         extent=(minutes[0], minutes[-1] if len(minutes) > 1 else 0, 0, len(rows)),
         interpolation="nearest",
     )
+    bar = ax.figure.colorbar(image, ax=ax, pad=0.01, fraction=0.03)
+    bar.ax.tick_params(colors=TEXT, labelsize=6)
+    bar.set_label("requests", color=TEXT, fontsize=7)
     unit = panel["options"].get("yAxis", {}).get("unit", "")
     labels = [fmt_value(float(s.name), unit, 0) for s in rows]
     ax.set_yticks([i + 0.5 for i in range(len(rows))][:: max(1, len(rows) // 8)])
