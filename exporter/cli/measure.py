@@ -166,8 +166,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if len(levels) > 1:
-        assert plain_base is not None  # checked above
+    if len(levels) > 1 and plain_base is not None:  # several levels need it: checked above
         return _curve(args, base, plain_base, scenarios, levels, plan)
     spec: list[ScenarioResult] = []
     plain: list[ScenarioResult] = []
@@ -319,7 +318,10 @@ def _baseline_file(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         rows = data["scenarios"]
-        assert isinstance(rows, list) and all("decode_tokens_per_second_median" in r for r in rows)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+        if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and "decode_tokens_per_second_median" in r for r in rows
+        ):
+            raise ValueError("its scenarios are not measure rows")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a `specdec measure --json` output ({exc})") from None
     return rows
