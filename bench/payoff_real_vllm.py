@@ -18,6 +18,7 @@ Runtime: ~15 minutes on 2 cores (two servers start, the curve, 4 phases per leve
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.measure.scenarios import builtin
-from tests.ab_traffic import ROUTES, alternate
+from tests.ab_traffic import ROUTES, alternate, traffic
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 from tests.real_vllm.server import VllmServer, ensure_model, ensure_venv
 
@@ -73,11 +74,27 @@ models:
     )
 
 
+def _traffic_point(spec: str, plain: str, c: int, phase: float, measured: dict) -> dict:
+    """A curve point whose plain step is the A/B traffic's own on the plain server (one phase),
+    at the batch `measure` saw at that level."""
+    off = asyncio.run(traffic(plain, MODEL, c, phase, proxied=False))
+    tokens = sum(d.tokens for d in off.values())
+    seconds = sum(d.seconds for d in off.values())
+    return {**measured, "plain_seconds": seconds / tokens}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levels", default="1,4")
     ap.add_argument("--phase", type=float, default=30.0, help="seconds per phase (30)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specdec-real-vllm")
+    ap.add_argument(
+        "--calibrate",
+        choices=("measure", "traffic"),
+        default="measure",
+        help="the curve's plain step from `specdec measure` (default) or from a plain phase of "
+        "the A/B traffic itself at each level",
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     window = int(3 * args.phase + 10)  # spec, plain, spec: both speculative phases
@@ -119,6 +136,11 @@ def main() -> int:
             print(f"measure failed: {out.stderr[-2000:]}", file=sys.stderr)
             return 1
         curve = json.loads(out.stdout)["levels"]
+        if args.calibrate == "traffic":  # the plain step from the routes' own traffic
+            curve = [
+                _traffic_point(spec, plain, c, args.phase, r)
+                for c, r in zip(levels, curve, strict=True)
+            ]
         for r in curve:
             print("curve", json.dumps(r), flush=True)
         path = work / "specdec.yaml"
