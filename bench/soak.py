@@ -16,7 +16,8 @@ fail while it is down are counted apart ("restart"), every other failure is an e
 Every `--report-every` seconds one line: requests, errors, the sidecar's RSS, open file
 descriptors, series on its /metrics, its CPU (share of one core) and its internal errors.
 `--check` exits 1 unless: no client errors and no internal errors; the sidecar exited 0
-with no traceback in its log; it saw exactly one engine restart; after warm-up no series
+with no traceback in its log; it saw exactly one engine restart; after warm-up and once the
+longest window filled (its gauges appear only then) no series
 appears with a new name, route, model or engine (a first 502 or finish reason is a value of
 a fixed outcome label: listed, not growth); and, on a run long enough to judge (3 reports
 after the longest window filled), RSS grows at most `--rss-growth-mb` from then to the end.
@@ -297,7 +298,13 @@ def verdict(reports: list[Report], args: argparse.Namespace) -> list[str]:
         problems.append(f"{end.internal_errors:.0f} internal errors in the sidecar")
     if end.engine_restarts != 1:
         problems.append(f"the sidecar counted {end.engine_restarts:.0f} engine restarts, not 1")
-    settled = reports[WARM_UP_REPORTS:]
+    # after warm-up and once the longest window filled (a window's gauges appear only then)
+    longest = max(parse_duration(w) for w in args.windows)
+    first = next(
+        (i for i, r in enumerate(reports) if r.seconds * 60 >= longest + args.report_every),
+        len(reports) - 1,
+    )
+    settled = reports[max(WARM_UP_REPORTS, first) :]
     early = {BOUNDED.sub("", name) for name, at in SEEN.items() if at <= settled[0].seconds}
     early |= {MODEL_NAME.sub("", name) for name in early}
 
@@ -316,7 +323,6 @@ def verdict(reports: list[Report], args: argparse.Namespace) -> list[str]:
         problems.append(
             f"{len(grown)} series of a new name or label set after warm-up: {grown[:5]}"
         )
-    longest = max(parse_duration(w) for w in args.windows)
     filled = [r for r in reports[:-1] if r.seconds * 60 >= longest + args.report_every]
     if len(filled) >= 3:
         growth = end.rss_mb - filled[0].rss_mb
