@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -210,15 +211,8 @@ def run(args: argparse.Namespace) -> int:
         if args.csv
         else to_table(doc, _served_model(spec))
     )
-    if args.plot:
-        try:
-            plot(doc, args.plot)
-        except ImportError:
-            print(
-                "specdec measure: --plot needs matplotlib (pip install 'specdec[plot]')",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
+    if args.plot and not _drawn(lambda: plot(doc, args.plot)):
+        return EXIT_FAILED
     return code
 
 
@@ -247,16 +241,20 @@ def _curve(
     k = _draft_length(found)
     model = _served_model([r for level in found for r in level.spec.results]) or "MODEL"
     print(to_json({"levels": rows}) if args.json else curve_table(rows, model, k))
-    if args.plot:
-        try:
-            curve_plot(rows, args.plot)
-        except ImportError:
-            print(
-                "specdec measure: --plot needs matplotlib (pip install 'specdec[plot]')",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
+    if args.plot and not _drawn(lambda: curve_plot(rows, args.plot)):
+        return EXIT_FAILED
     return code
+
+
+def _drawn(draw: Callable[[], None]) -> bool:
+    """Draw the --plot picture; False (said in one line) without matplotlib."""
+    try:
+        draw()
+    except ImportError:
+        print("specdec measure: --plot needs matplotlib (pip install 'specdec[plot]')",
+              file=sys.stderr)  # fmt: skip
+        return False
+    return True
 
 
 def _draft_length(levels: list[Level]) -> int | None:
