@@ -131,3 +131,25 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 def specdec(*args: str) -> list[str]:
     return [sys.executable, "-m", "exporter", *args]
+
+
+def scenario_pack(directory: Path, prompts: int) -> Path:
+    """The first `prompts` prompts of each built-in pack with a 120-token cap, as a
+    --scenario-file: the same workloads, a shorter run."""
+    import json
+
+    from exporter.measure.scenarios import builtin
+
+    lines = []
+    for name in ("ja_chat", "code_agent"):
+        s = builtin(name)
+        pack = {
+            "name": name,
+            "max_tokens": 120,
+            "system": s.system,
+            "prompts": list(s.prompts[:prompts]),
+        }
+        lines.append(json.dumps(pack, ensure_ascii=False))
+    path = directory / "pack.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

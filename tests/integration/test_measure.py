@@ -14,7 +14,7 @@ import pytest
 
 from exporter.measure.scenarios import builtin
 from exporter.sim.steptime import MODEL as STEP_TIME
-from tests.helpers import child, free_port, http_get, specdec, wait_for
+from tests.helpers import child, free_port, http_get, scenario_pack, specdec, wait_for
 
 SPEED = 1.0  # real time: wake-up latency on a busy machine stays small against a step
 
@@ -48,27 +48,6 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
         yield urls
 
 
-def small_pack(tmp_path: Path) -> Path:
-    """Six prompts of each built-in pack, 120-token cap: same workloads, shorter run."""
-    lines = []
-    for name in ("ja_chat", "code_agent"):
-        s = builtin(name)
-        lines.append(
-            json.dumps(
-                {
-                    "name": name,
-                    "max_tokens": 120,
-                    "system": s.system,
-                    "prompts": list(s.prompts[:6]),
-                },
-                ensure_ascii=False,
-            )
-        )
-    path = tmp_path / "pack.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def truth(url: str) -> dict[str, dict[str, float]]:
     return json.loads(http_get(url + "/admin/truth"))
 
@@ -83,7 +62,7 @@ def test_measure_matches_truth_and_timing_model(sims: tuple[str, str], tmp_path:
         "--baseline-url",
         plain,
         "--scenario-file",
-        str(small_pack(tmp_path)),
+        str(scenario_pack(tmp_path, 6)),
         "--bytes-per-token",
         "20e9",
         "--bandwidth",
@@ -116,7 +95,12 @@ def test_table_and_models_block(sims: tuple[str, str], tmp_path: Path) -> None:
     spec, plain = sims
     first = subprocess.run(
         specdec(
-            "measure", "--base-url", plain, "--scenario-file", str(small_pack(tmp_path)), "--json"
+            "measure",
+            "--base-url",
+            plain,
+            "--scenario-file",
+            str(scenario_pack(tmp_path, 6)),
+            "--json",
         ),
         capture_output=True,
         text=True,
@@ -130,7 +114,7 @@ def test_table_and_models_block(sims: tuple[str, str], tmp_path: Path) -> None:
             "--base-url",
             spec,
             "--scenario-file",
-            str(small_pack(tmp_path)),
+            str(scenario_pack(tmp_path, 6)),
             "--baseline-file",
             str(saved),
             "--model",

@@ -23,9 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from exporter.measure.scenarios import builtin
 from tests.ab_traffic import PROFILE, ROUTES, alternate
-from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
+from tests.helpers import (
+    child,
+    free_port,
+    http_get,
+    samples,
+    scenario_pack,
+    specdec,
+    value,
+    wait_for,
+)
 
 LEVELS = (1, 8, 32)
 PHASE = 12.0  # seconds of one phase
@@ -45,22 +53,6 @@ class Rig:
     started: float  # when the sidecar came up
 
 
-def pack(tmp: Path) -> Path:
-    """A short pack of both workloads for the curve."""
-    lines = []
-    for name in ("ja_chat", "code_agent"):
-        s = builtin(name)
-        lines.append(
-            json.dumps(
-                {"name": name, "max_tokens": 120, "system": s.system, "prompts": s.prompts[:8]},
-                ensure_ascii=False,
-            )
-        )
-    path = tmp / "pack.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def curve(spec: str, plain: str, tmp: Path) -> list[dict[str, float]]:
     out = subprocess.run(
         specdec(
@@ -70,7 +62,7 @@ def curve(spec: str, plain: str, tmp: Path) -> list[dict[str, float]]:
             "--baseline-url",
             plain,
             "--scenario-file",
-            str(pack(tmp)),
+            str(scenario_pack(tmp, 8)),
             "--concurrency",
             ",".join(map(str, LEVELS)),
             "--json",
