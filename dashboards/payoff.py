@@ -260,9 +260,51 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
     return [
         (9, [acceptance, tokens]),
         (9, [speedup, decode]),
-        (9, [lengths]),
+        (9, [lengths, speedup_by_batch()]),
         (8, [ttft, requests]),
     ]
+
+
+BATCHES = (1, 4, 8, 16, 32, 64)
+
+
+def speedup_by_batch() -> Any:
+    """The speedup-vs-batch view: one row per route, a column per running-request count."""
+    columns = {
+        "route": "Route",
+        "model_name": "Model",
+        "Value #A": "Running now",
+        **{f"Value #{chr(ord('B') + i)}": f"at {b}" for i, b in enumerate(BATCHES)},
+    }
+    at = tuple(f"at {b}" for b in BATCHES)
+    return table(
+        "Speedup by running requests (the step-time curve)",
+        "Each route's load-aware speedup now (5 minutes), moved along the model's step-time "
+        "line (its `models:` step_time, from specdec measure --concurrency) to other batch "
+        "sizes: x (plain / verify step at that batch) / (plain / verify step at the batch now). "
+        "'Running now' is the batch the engine's requests saw: the current operating point; "
+        "its column equals the estimate. Assumes the route's steps grow with the batch as the "
+        "model's verify steps do and its acceptance stays as it is.",
+        [
+            ("", Q.route_batch_now()),
+            *(("", Q.route_speedup_at_batch(b)) for b in BATCHES),
+        ],
+        columns=columns,
+        sort_by="route",
+        overrides=[
+            by_name("Running now", prop("decimals", 1)),
+            *(
+                by_name(
+                    name,
+                    prop("unit", TIMES),
+                    prop("decimals", 2),
+                    prop("custom.displayMode", "color-text"),
+                    prop("thresholds", {"mode": "absolute", "steps": SPEEDUP}),
+                )
+                for name in at
+            ),
+        ],
+    )
 
 
 def build(mix: Mixin) -> Any:

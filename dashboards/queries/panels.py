@@ -108,6 +108,36 @@ def route_speedup_at_draft_length(figure: str = "ratio") -> str:
     )
 
 
+def _cost_on_the_line(batch: str) -> str:
+    """A plain step's seconds / a verify step's at `batch` running requests (the model's
+    step-time line, from its `models:` config)."""
+
+    def line(kind: str) -> str:
+        base = f"max by (model_name) (specdec_model_{kind}_step_base_seconds{{{RAW_MODEL}}})"
+        slope = (
+            f"max by (model_name) (specdec_model_{kind}_step_seconds_per_running_request"
+            f"{{{RAW_MODEL}}})"
+        )
+        return f"({base} + {slope} * {batch})"
+
+    return f"({line('plain')}\n/ on (model_name)\n{line('verify')})"
+
+
+def route_speedup_at_batch(running: int) -> str:
+    """The route's load-aware speedup now, moved along the model's step-time line to `running`
+    requests: x cost(running) / cost(the batch now). At the batch now it is the estimate."""
+    now = spec.batch("5m", MODEL)
+    cost_now = _cost_on_the_line(f"on (model_name) ({now})")
+    moved = f"({_cost_on_the_line(str(running))}\n/ on (model_name)\n{cost_now})"
+    return f"{route_rule('estimated_speedup', 'ratio_rate5m')}\n* on (model_name) group_left ()\n{moved}"
+
+
+def route_batch_now() -> str:
+    """The batch the route's engine runs now (5m), on the route's rows."""
+    speedup = route_rule("estimated_speedup", "ratio_rate5m")
+    return f"0 * {speedup}\n+ on (model_name) group_left ()\n{spec.batch('5m', MODEL)}"
+
+
 def route_ttft(q: float) -> str:
     return full_window(spec.ttft_quantile(q, RATE, RAW_ROUTE), spec.ROUTES, RATE)
 

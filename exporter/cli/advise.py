@@ -1,10 +1,11 @@
-"""`specdec advise`: from a running sidecar, per route the payoff now, the best draft length and
-what switching speculation off would change; for today's mix, a batch-size -> k schedule in
-the shape of vLLM's dynamic speculative decoding (`DynamicSpeculativeConfig`).
+"""`specdec advise`: from a running sidecar (or the Prometheus that scrapes it), per route the
+payoff now, the best draft length and what switching speculation off would change; for today's
+mix, a batch-size -> k schedule in the shape of vLLM's dynamic speculative decoding
+(`DynamicSpeculativeConfig`).
 
-Everything is read from the sidecar's /metrics (its windows, the engine's per-position
-acceptance, the model's step-time line); nothing is re-measured. What it assumes is printed
-with it.
+Everything is read from the sidecar's families (its windows, the engine's per-position
+acceptance, the model's step-time line), off its /metrics or as Prometheus's latest samples of
+one sidecar instance; nothing is re-measured. What it assumes is printed with it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,7 +34,8 @@ def register(verbs: Verbs) -> None:
     p = verbs.add_parser(
         "advise",
         help="per route: the payoff now, the best draft length, a DSD schedule",
-        description="Read a running sidecar's /metrics and state, per route, the speedup at the "
+        description="Read a running sidecar's /metrics (or, with --prometheus, its latest "
+        "samples there) and state, per route, the speedup at the "
         "load it runs (estimated and measured), the best draft length 0..k and what turning "
         "speculation off would change; for today's route mix, the draft length per batch-size "
         "range as vLLM's dynamic speculative decoding config (DynamicSpeculativeConfig: "
@@ -44,6 +47,16 @@ def register(verbs: Verbs) -> None:
         default="http://127.0.0.1:10419",
         metavar="URL",
         help="the sidecar (default http://127.0.0.1:10419; its /metrics is read)",
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read the sidecar's latest samples from this Prometheus instead of --sidecar",
+    )
+    p.add_argument(
+        "--instance",
+        metavar="HOST:PORT",
+        help="with --prometheus: which sidecar (its instance label) when it scrapes several",
     )
     p.add_argument("--window", default="5m", help="which of its windows (default 5m)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -66,6 +79,18 @@ class Page:
         ]
 
 
+# The families advise reads, as one selector for Prometheus.
+FAMILIES = (
+    "specdec_model_(plain|verify)_step_.*|specdec_position_acceptance_ratio"
+    "|specdec_route_(estimated_speedup|speedup|speedup_at_draft_length)_ratio"
+    "|specdec_route_speedup_at_draft_length_ci_halfwidth|specdec_route_best_draft_length"
+)
+
+
+class NoData(Exception):
+    """What advise cannot read, said in one line (exit 1)."""
+
+
 def read(url: str) -> Page:
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
         text = resp.read().decode("utf-8", errors="replace")
@@ -76,15 +101,50 @@ def read(url: str) -> Page:
     return page
 
 
+def read_prometheus(url: str, instance: str | None) -> Page:
+    """The latest samples of one sidecar's families. A fleet's sidecars each see their own
+    engine's batch and curve, so their gauges are not summed: one instance is read."""
+    query = urllib.parse.urlencode({"query": f'{{__name__=~"{FAMILIES}"}}'})
+    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{query}", timeout=10) as resp:
+        answer = json.loads(resp.read())
+    if answer.get("status") != "success":
+        raise NoData(f"{url} refused the query: {answer.get('error', answer)}")
+    result = answer["data"]["result"]
+    instances = sorted({r["metric"].get("instance", "") for r in result})
+    if instance is None and len(instances) > 1:
+        raise NoData(f"{url} scrapes several sidecars; pick one with --instance: "
+                     + ", ".join(instances))  # fmt: skip
+    if instance is not None and instance not in instances:
+        raise NoData(f"{url} has no sidecar samples from instance {instance!r}; it has: "
+                     + (", ".join(instances) or "none"))  # fmt: skip
+    page = Page()
+    for r in result:
+        labels = dict(r["metric"])
+        if instance is not None and labels.get("instance") != instance:
+            continue
+        name = labels.pop("__name__")
+        page.samples[name].append((labels, float(r["value"][1])))
+    return page
+
+
 def run(args: argparse.Namespace) -> int:
-    if not args.sidecar.startswith(("http://", "https://")):
-        print(f"specdec advise: --sidecar wants http(s)://HOST:PORT, got {args.sidecar!r}",
+    source = args.prometheus or args.sidecar
+    flag = "--prometheus" if args.prometheus else "--sidecar"
+    if not source.startswith(("http://", "https://")):
+        print(f"specdec advise: {flag} wants http(s)://HOST:PORT, got {source!r}",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
+    if args.instance and not args.prometheus:
+        print("specdec advise: --instance goes with --prometheus", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        page = read(args.sidecar)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"specdec advise: cannot read {args.sidecar}/metrics: {exc}", file=sys.stderr)
+        page = read_prometheus(source, args.instance) if args.prometheus else read(source)
+    except NoData as exc:
+        print(f"specdec advise: {exc}", file=sys.stderr)
+        return EXIT_NO_DATA
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        what = "/api/v1/query" if args.prometheus else "/metrics"
+        print(f"specdec advise: cannot read {source}{what}: {exc}", file=sys.stderr)
         return EXIT_NO_DATA
     advice, problem = advise(page, args.window)
     if problem:

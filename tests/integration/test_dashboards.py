@@ -21,12 +21,14 @@ import pytest
 import yaml
 
 from dashboards.build import dashboards
+from dashboards.live import substitute
 from dashboards.mixin import DEFAULT
 from dashboards.panels import (
     OLD_DASHBOARD_KEYS,
     OLD_PANEL_KEYS,
     OLD_VARIABLE_KEYS,
 )
+from dashboards.queries import panels as Q
 from tests.dashboards_ts import generate
 from tests.helpers import need_tool
 from tests.integration.live import (
@@ -219,3 +221,31 @@ def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None
         assert width >= 1600 and height >= 600, (uid, pixels.shape)
         colours = {tuple(p) for p in pixels[::7, ::7].reshape(-1, pixels.shape[2]).tolist()}
         assert len(colours) > 200, f"{uid}: {len(colours)} colours, a near-blank image?"
+
+
+def test_the_speedup_by_batch_panel_falls_with_the_batch_and_meets_the_estimate(
+    live: Live,
+) -> None:
+    """On the simulator's step-time line a verify step grows faster with the batch than a plain
+    one: the payoff falls with the batch, and the batch now sits between 1 and 64."""
+
+    def per_route(promql: str) -> dict[str, float]:
+        found = live.query(substitute(promql, VALUES))
+        return {s["metric"]["route"]: float(s["value"][1]) for s in found}
+
+    def figures() -> tuple[dict[str, float], ...] | None:
+        got = tuple(
+            per_route(q)
+            for q in (
+                Q.route_speedup_at_batch(1),
+                Q.route_rule("estimated_speedup", "ratio_rate5m"),
+                Q.route_speedup_at_batch(64),
+                Q.route_batch_now(),
+            )
+        )
+        return got if all(set(g) >= set(ROUTES) for g in got) else None
+
+    at1, now, at64, batch = live.poll(figures, DATA_DEADLINE, "the speedup-by-batch figures")
+    for route in ROUTES:
+        assert 1 <= batch[route] <= 64, batch
+        assert at1[route] > now[route] > at64[route] > 0, (route, at1, now, at64)

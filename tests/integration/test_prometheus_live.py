@@ -7,10 +7,14 @@ a day of the routes' counters. bench/alert_quality.py measures the same rules' d
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
+from typing import Any
 
 import pytest
 
+from tests.helpers import specdec
 from tests.integration.live import LEVELS, Live, post_json, recording_rule_names
 
 pytestmark = pytest.mark.promtool
@@ -48,6 +52,32 @@ def test_every_recording_rule_returns_data(live: Live) -> None:
         'route_model_name_position:specdec_route_position_acceptance:ratio_rate5m{route="coding_agent"}'
     )
     assert sorted(s["metric"]["position"] for s in positions) == ["0", "1", "2"]
+
+
+def advice(*source: str) -> dict[str, Any] | None:
+    out = subprocess.run(specdec("advise", *source, "--window", "1m", "--json"),
+                         capture_output=True, text=True)  # fmt: skip
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def test_advise_reads_the_same_advice_from_prometheus_as_from_the_sidecar(live: Live) -> None:
+    def both_routes() -> dict[str, Any] | None:
+        found = advice("--prometheus", live.prometheus)
+        routes = {r["route"] for r in found["routes"]} if found else set()
+        return found if routes >= {"voice_chat", "coding_agent"} else None
+
+    scraped = live.poll(both_routes, 150, "advise --prometheus with both routes")
+    direct = advice("--sidecar", live.sidecar)
+    assert direct is not None
+    for a, b in zip(scraped["routes"], direct["routes"], strict=True):
+        assert a["route"] == b["route"]
+        assert abs(a["speedup_estimated"] / b["speedup_estimated"] - 1) < 0.05, (a, b)
+    ((model, schedule),) = scraped["dynamic_speculative_decoding"].items()
+    assert model == "sim-27b"
+    per_position = direct["dynamic_speculative_decoding"][model]["acceptance_rate_per_pos"]
+    assert len(schedule["acceptance_rate_per_pos"]) == len(per_position) == 3
+    for x, y in zip(schedule["acceptance_rate_per_pos"], per_position, strict=True):
+        assert abs(x - y) < 0.05
 
 
 @pytest.mark.changes_live

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import subprocess
+import threading
+from collections.abc import Callable
 
-from exporter.cli.advise import Page, _ranges, advise
+from exporter.cli.advise import Page, _ranges, advise, read_prometheus
 from tests.helpers import free_port, specdec
 
 
@@ -64,3 +68,66 @@ def test_no_sidecar_is_one_line_and_exit_1() -> None:
     assert out.stderr.count("\n") == 1 and "cannot read" in out.stderr, out.stderr
     bad = subprocess.run(specdec("advise", "--sidecar", "nohost"), capture_output=True, text=True)
     assert bad.returncode == 2 and "--sidecar" in bad.stderr
+
+
+def _prometheus_answering(result: list[dict[str, object]]) -> tuple[str, Callable[[], None]]:
+    """A stand-in for Prometheus's /api/v1/query with one instant vector (the live stack's test
+    reads a real Prometheus; this one checks the choice of instance)."""
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server.shutdown
+
+
+def _vector(instance: str) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for name, samples in page().samples.items():
+        for labels, value in samples:
+            metric = {"__name__": name, "instance": instance, "job": "specdec", **labels}
+            out.append({"metric": metric, "value": [0, str(value)]})
+    return out
+
+
+def test_from_prometheus_one_sidecar_is_read_and_several_must_be_chosen() -> None:
+    one = read_prometheus_page(_vector("a:1"), None)
+    assert advise(one, "5m")[0]["routes"][0]["best_draft_length"] == 1
+    assert advise(one, "5m")[0] == advise(page(), "5m")[0]
+    url, stop = _prometheus_answering(_vector("a:1") + _vector("b:2"))
+    try:
+        both = subprocess.run(specdec("advise", "--prometheus", url), capture_output=True,
+                              text=True)  # fmt: skip
+        assert both.returncode == 1 and both.stderr.count("\n") == 1, both.stderr
+        assert "--instance" in both.stderr and "a:1, b:2" in both.stderr
+        chosen = subprocess.run(specdec("advise", "--prometheus", url, "--instance", "b:2",
+                                        "--json"), capture_output=True, text=True)  # fmt: skip
+        assert chosen.returncode == 0, chosen.stderr
+        assert json.loads(chosen.stdout)["routes"][0]["route"] == "voice"
+        absent = subprocess.run(specdec("advise", "--prometheus", url, "--instance", "c:3"),
+                                capture_output=True, text=True)  # fmt: skip
+        assert absent.returncode == 1 and "'c:3'" in absent.stderr
+    finally:
+        stop()
+
+
+def read_prometheus_page(result: list[dict[str, object]], instance: str | None) -> Page:
+    url, stop = _prometheus_answering(result)
+    try:
+        return read_prometheus(url, instance)
+    finally:
+        stop()
+
+
+def test_instance_without_prometheus_is_a_usage_error() -> None:
+    out = subprocess.run(specdec("advise", "--instance", "a:1"), capture_output=True, text=True)
+    assert out.returncode == 2 and "--instance goes with --prometheus" in out.stderr
