@@ -20,6 +20,8 @@ from structlog.stdlib import BoundLogger
 from exporter import __version__, logs
 from exporter.config import Config, ConfigError, ModelConfig, ProxyConfig, redact
 from exporter.core.faults import Faults
+from exporter.engines import DEFAULT, engine
+from exporter.engines.base import Engine
 from exporter.export.guarded import Guarded
 from exporter.export.lifecycle_collector import LifecycleCollector, ReloadStatus
 from exporter.export.model_collector import ModelCollector
@@ -294,9 +296,9 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     run_until_stopped(lambda: run(config, reload))
 
 
-def _engine(proxy: ProxyConfig | None, fronted: TargetState | None) -> str:
+def _engine(proxy: ProxyConfig | None, fronted: TargetState | None) -> Engine:
     """The proxied engine's kind (`proxy.engine`, else the fronted target's), which decides
     what the proxy asks it for: vLLM's usage, SGLang's spec details, nothing of llama.cpp."""
     if proxy is not None and proxy.engine is not None:
-        return proxy.engine
-    return "vllm" if fronted is None else fronted.target.engine
+        return engine(proxy.engine)
+    return DEFAULT if fronted is None else fronted.engine

@@ -24,8 +24,9 @@ from exporter.config.nodes import (
 )
 from exporter.core.payoff import StepCurve, StepPoint, single_point_curve
 from exporter.core.windows import DEFAULT_WINDOWS, Window
+from exporter.engines import KINDS
 
-ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "trtllm")  # a target's `engine:`: whose counter names
+ENGINE_KINDS = KINDS  # a target's `engine:`: whose counter names (exporter.engines)
 DEFAULT_LISTEN = ("0.0.0.0", 10419)
 DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
 DEFAULT_INTERVAL = 1.0

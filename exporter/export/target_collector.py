@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.core.counts import Counts, ratios, total
-from exporter.scrape.families import RUNNING
+from exporter.engines.base import RUNNING
 from exporter.scrape.target import TargetState
 
 ERROR_REASONS = ("timeout", "connection", "http_status", "protocol", "too_large", "no_spec_metrics")

@@ -36,14 +36,6 @@ ACCEPTANCE_BUCKETS = (
 )  # fmt: skip
 RUNAWAY_ACCEPTANCE = 0.95  # with finish_reason "length": the signature of a repetition loop
 FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "abort"))  # the rest: "other"
-# why a 200 completion has no exact counts (the values of the `reason` label)
-N_ABOVE_1 = "n_above_1"  # vLLM sends no per-request object for n > 1 (or best_of)
-NOT_SENT = "not_sent"  # no object: the engine flag is off, or something upstream strips it
-UNKNOWN_SHAPE = "unknown_shape"  # an object the proxy cannot read: left out, not guessed at
-TOKENS_ONLY = "tokens_only"  # llama.cpp's timings: exact draft and accepted tokens, not steps
-ENGINE_SENDS_NONE = "engine_sends_none"  # TensorRT-LLM has no per-request data on its API
-IMPLAUSIBLE = "implausible"  # counts that contradict themselves or their response: refused
-UNREAD = "unread"  # the response was larger than the proxy may hold: relayed unread
 
 
 @dataclass(slots=True)
@@ -82,7 +74,7 @@ class RequestOutcome:
     decode_seconds: float | None = None
     exact: Counts | None = None
     drafted: tuple[int, int] | None = None  # llama.cpp's timings: (draft_n, draft_n_accepted)
-    without_exact: str | None = None  # why not, for a 200 (N_ABOVE_1, NOT_SENT, ... above)
+    without_exact: str | None = None  # why not, for a 200 (core.reasons)
     increments: tuple[int, ...] = ()  # tokens per content event, when known
 
 

@@ -1,5 +1,6 @@
 """What the proxy asks the engine for, beyond what the client asked, and what the way back must
-then remove so the client gets the engine's own bytes.
+then remove so the client gets the engine's own bytes. Each engine states what it wants
+(`Engine.request_flag`, `asks_stream_usage`, `asks_event_usage`); today:
 
 - vLLM (and TensorRT-LLM): a stream's usage event (`include_usage`), where the per-request
   object rides; per-event usage (`continuous_usage_stats`) for token increments while vLLM sends
@@ -19,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.proxy import sglext
+from exporter.engines.base import Engine
 
 _USAGE = {  # spliced into a stream request that set no stream_options
     continuous: json.dumps(
@@ -38,16 +39,17 @@ class Asked:
     strip_spec: bool  # SGLang's details
 
 
-def ask(parsed: dict[str, Any], body: bytes, engine: str, objects_missing: bool) -> Asked:
+def ask(parsed: dict[str, Any], body: bytes, engine: Engine, objects_missing: bool) -> Asked:
     """`body` (the completion request `parsed`) as sent to an `engine` upstream."""
-    strip_spec = engine == "sglang" and parsed.get(sglext.FLAG) is not True
-    if strip_spec:
-        body = with_key(body, parsed, sglext.FLAG, True)
+    flag = engine.request_flag
+    strip_spec = flag is not None and parsed.get(flag) is not True
+    if flag is not None and strip_spec:
+        body = with_key(body, parsed, flag, True)
     if parsed.get("stream") is not True:
         return Asked(body, None, strip_spec)
-    if engine == "llamacpp":
+    if not engine.asks_stream_usage:
         return Asked(body, (False, False), strip_spec)
-    body, strip = _usage(parsed, body, objects_missing and engine != "sglang")
+    body, strip = _usage(parsed, body, objects_missing and engine.asks_event_usage)
     return Asked(body, strip, strip_spec)
 
 

@@ -29,14 +29,17 @@ from typing import Any
 
 from exporter import logs
 from exporter.config import ProxyConfig
+from exporter.core import reasons
 from exporter.core.faults import Faults
+from exporter.engines import DEFAULT
+from exporter.engines.base import Engine
 from exporter.proxy import sglext
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget, Hold
 from exporter.proxy.connection import ClientConnection, Deadlines
 from exporter.proxy.framing import Head
-from exporter.proxy.outcome import request_outcome, spec_object
+from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.routes import Router
@@ -93,7 +96,7 @@ class Proxy:
         self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
-        self.engine = "vllm"  # the upstream's kind: what to ask it for (see sidecar)
+        self.engine: Engine = DEFAULT  # the upstream's kind: what to ask it for (see sidecar)
         self.upstream_errors: dict[str, int] = dict.fromkeys(UPSTREAM_ERRORS, 0)
         self.refused = 0
         self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
@@ -289,14 +292,12 @@ class Proxy:
     ) -> None:
         """`doc`: the decoded response or usage event; None when it was relayed unread."""
         route, started, single = account
-        spec = spec_object(doc or {})
-        if status == "200" and doc and spec is None and single:  # vLLM never sends one for n > 1
-            self.objects_missing = True
-        elif spec is not None:
-            self.objects_missing = False
-        self.accounting.record(
-            request_outcome(self.accounting, route, started, single, status, tap, doc, self.engine)
+        outcome = request_outcome(
+            self.accounting, route, started, single, status, tap, doc, self.engine
         )
+        if status == "200" and doc and single:  # vLLM never sends an object for n > 1
+            self.objects_missing = outcome.without_exact in reasons.NO_OBJECT
+        self.accounting.record(outcome)
 
 
 class _Call:

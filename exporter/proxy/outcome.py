@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.core.counts import BadSpecObject, Counts, fits, from_spec_object
-from exporter.proxy import accounting, sglext
+from exporter.core import reasons
+from exporter.core.counts import fits
+from exporter.engines import DEFAULT
+from exporter.engines.base import Engine, Response
+from exporter.proxy import accounting
 from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.proxy.sse import StreamTap
-
-
-def spec_object(doc: dict[str, Any]) -> object:
-    """vLLM's `metrics.speculative_decoding`, or None."""
-    metrics = doc.get("metrics")
-    return metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
 
 
 def request_outcome(
@@ -27,7 +24,7 @@ def request_outcome(
     status: str,
     tap: StreamTap | None,
     doc: dict[str, Any] | None,
-    engine: str = "vllm",
+    engine: Engine = DEFAULT,
 ) -> RequestOutcome:
     """`doc`: the decoded response (or a stream's usage event); None when the proxy had to
     relay it unread (larger than its budget)."""
@@ -43,22 +40,18 @@ def request_outcome(
     exact = without = drafted = None
     choices = 1
     if status == "200" and unread:
-        without = accounting.UNREAD
-    elif status == "200" and engine == "sglang":
-        details = tap.spec_details if tap is not None else sglext.details(doc)
-        exact, without = _exact_sglang(details)
-        choices = len(details) if isinstance(details, list) else 1
+        without = reasons.UNREAD
     elif status == "200":
-        exact, without = _exact(spec_object(doc), single)
+        streamed = tap.spec_details if tap is not None else None
+        figures = engine.request_figures(Response(doc, tap is not None, streamed, timings, single))
+        exact, without, choices = figures.exact, figures.without, figures.choices
     draft_length = acc.draft_length(model)
     if exact is not None and not fits(exact, draft_length, tokens, choices):
-        exact, without = None, accounting.IMPLAUSIBLE  # left to the estimate
+        exact, without = None, reasons.IMPLAUSIBLE  # left to the estimate
     if exact is None and not unread:
-        drafted = _drafted(timings, draft_length)
-    if without == accounting.NOT_SENT and drafted is not None:
-        without = accounting.TOKENS_ONLY  # partly exact: its tokens, not its steps
-    elif without == accounting.NOT_SENT and engine == "trtllm":
-        without = accounting.ENGINE_SENDS_NONE
+        drafted = engine.drafted(timings, draft_length)
+    if without == reasons.NOT_SENT and drafted is not None:
+        without = reasons.TOKENS_ONLY  # partly exact: its tokens, not its steps
     ttft = decode = None
     if tap is not None and tap.first_content_at is not None:
         ttft = tap.first_content_at - started
@@ -90,49 +83,6 @@ def _model(doc: dict[str, Any], tap: StreamTap | None) -> str | None:
     """The served model: the response's, the usage event's, else the finish event's."""
     model = doc.get("model") or (tap.model if tap is not None else None)
     return model if isinstance(model, str) else None
-
-
-def _drafted(timings: dict[str, Any], draft_length: int) -> tuple[int, int] | None:
-    """llama.cpp's per-request draft and accepted tokens, when its timings carry them and they
-    can be true: at most `draft_length` drafts per generated token, none accepted beyond them."""
-    predicted = timings.get("predicted_n")
-    if type(predicted) is not int or predicted < 0:
-        return None
-    # a request that drafted nothing has no draft_n: it did no verify step
-    tokens, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
-    if (
-        type(tokens) is int
-        and type(accepted) is int
-        and 0 <= accepted <= min(tokens, predicted)
-        and tokens <= draft_length * predicted
-    ):
-        return tokens, accepted
-    return None
-
-
-def _exact(spec: object, single: bool) -> tuple[Counts | None, str | None]:
-    """A 200's own counts, or why there are none (then it is left to estimates)."""
-    if not single:
-        return None, accounting.N_ABOVE_1
-    if spec is None:
-        return None, accounting.NOT_SENT
-    if not isinstance(spec, dict):
-        return None, accounting.UNKNOWN_SHAPE
-    try:
-        return from_spec_object(spec), None
-    except BadSpecObject:
-        return None, accounting.UNKNOWN_SHAPE
-
-
-def _exact_sglang(spec: object) -> tuple[Counts | None, str | None]:
-    """SGLang's details (a list for n > 1: its choices' sum, exact too), or why there are none:
-    none comes when no verify step ran (speculation off, max_tokens 1) or when it was stripped."""
-    if spec is None:
-        return None, accounting.NOT_SENT
-    try:
-        return sglext.counts(spec), None
-    except BadSpecObject:
-        return None, accounting.UNKNOWN_SHAPE
 
 
 def _first_finish(doc: dict[str, Any]) -> object:

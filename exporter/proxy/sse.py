@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.engines import sglang
 from exporter.proxy import sglext
 from exporter.proxy.budget import Budget, Hold
 
@@ -202,7 +203,7 @@ class StreamTap:
         self.usage = usage
 
     def _spec_details(self, doc: dict[str, Any] | None) -> None:
-        found = sglext.details(doc)
+        found = sglang.details(doc)
         if found is not None:  # an `event: sglext_ids` frame after it carries ids only
             self.spec_details = found
 

@@ -18,7 +18,9 @@ from exporter.config import Target, redact
 from exporter.core.counts import Counts
 from exporter.core.payoff import Batch
 from exporter.core.windows import History, Window
-from exporter.scrape.families import RUNNING, EngineFamilies, SeriesKey, families, read_page
+from exporter.engines import engine
+from exporter.engines.base import RUNNING, Engine, EngineFamilies
+from exporter.scrape.families import SeriesKey, read_page
 from exporter.scrape.totals import RunningTotals
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
@@ -38,7 +40,8 @@ class TargetState:
 
     def __init__(self, target: Target, windows: tuple[Window, ...]) -> None:
         self.target = target
-        self.families: EngineFamilies = families(target.engine, target.prefix)
+        self.engine: Engine = engine(target.engine)
+        self.families: EngineFamilies = self.engine.families(target.prefix)
         self.store = RunningTotals()
         self.history: History[SeriesKey, Counts] = History(windows)
         self.status: str | None = None  # None until the first scrape ends
@@ -53,7 +56,8 @@ class TargetState:
     def retarget(self, target: Target) -> None:
         """The same target (by name) reconfigured: its running totals go on."""
         self.target = target
-        self.families = families(target.engine, target.prefix)
+        self.engine = engine(target.engine)
+        self.families = self.engine.families(target.prefix)
 
     def rewindow(self, windows: tuple[Window, ...]) -> None:
         """New rolling windows over the same history: the counters are untouched."""
@@ -129,8 +133,8 @@ class Scraper:
         finally:
             state.last_duration = time.perf_counter() - started
         self._status("up", None)
-        for model_name, engine in restarted:
-            self.log.warning("engine restart detected", model_name=model_name, engine=engine)
+        for model_name, engine_id in restarted:
+            self.log.warning("engine restart detected", model_name=model_name, engine=engine_id)
 
     async def fetch(self) -> str:
         target = self.state.target

@@ -13,13 +13,20 @@ ROOT_MODULE = "exporter"  # exporter/__init__.py (__version__) and exporter.logs
 SHARED = {"exporter.core", "exporter.logs", "exporter.process", ROOT_MODULE}
 MAY_IMPORT = {
     "exporter.core": set(),
-    "exporter.config": {"exporter.core"},
-    "exporter.scrape": {"exporter.config"},
-    "exporter.proxy": {"exporter.config"},
-    "exporter.export": {"exporter.config", "exporter.scrape", "exporter.proxy"},
+    "exporter.engines": set(),  # each engine's knowledge, on core only
+    "exporter.config": {"exporter.engines"},  # `engine:` is checked against the registry
+    "exporter.scrape": {"exporter.config", "exporter.engines"},
+    "exporter.proxy": {"exporter.config", "exporter.engines"},
+    "exporter.export": {"exporter.config", "exporter.engines", "exporter.scrape", "exporter.proxy"},
     "exporter.sim": set(),
-    "exporter.measure": {"exporter.scrape"},
-    "exporter.sidecar": {"exporter.config", "exporter.scrape", "exporter.proxy", "exporter.export"},
+    "exporter.measure": {"exporter.scrape", "exporter.engines"},
+    "exporter.sidecar": {
+        "exporter.config",
+        "exporter.engines",
+        "exporter.scrape",
+        "exporter.proxy",
+        "exporter.export",
+    },
     "exporter.demo": {
         "exporter.config",
         "exporter.measure",

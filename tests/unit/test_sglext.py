@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.core.counts import BadSpecObject, Counts
+from exporter.engines import sglang
 from exporter.proxy import sglext
 
 WIRE = json.loads(
@@ -49,9 +50,9 @@ def test_what_carries_no_details_passes_unchanged(name: str) -> None:
 
 
 def test_the_details_are_the_requests_exact_counts() -> None:
-    assert sglext.counts(DETAILS) == Counts(7.0, 21.0, 13.0, (6.0, 4.0, 3.0))
+    assert sglang.counts(DETAILS) == Counts(7.0, 21.0, 13.0, (6.0, 4.0, 3.0))
     two = json.loads(WIRE["chat sglext chunk n=2"].removeprefix("data: "))["sglext"]
-    assert sglext.counts(two["spec_tokens_details"]) == Counts(9.0, 27.0, 16.0, (8.0, 5.0, 3.0))
+    assert sglang.counts(two["spec_tokens_details"]) == Counts(9.0, 27.0, 16.0, (8.0, 5.0, 3.0))
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_the_details_are_the_requests_exact_counts() -> None:
 )
 def test_every_releases_key_names_read_the_same(renames: dict[str, str]) -> None:
     old = {renames.get(k, k): v for k, v in DETAILS.items()}
-    assert sglext.counts(old) == Counts(7.0, 21.0, 13.0, (6.0, 4.0, 3.0))
+    assert sglang.counts(old) == Counts(7.0, 21.0, 13.0, (6.0, 4.0, 3.0))
 
 
 @pytest.mark.parametrize(
@@ -89,4 +90,4 @@ def test_every_releases_key_names_read_the_same(renames: dict[str, str]) -> None
 )
 def test_anything_else_is_refused(bad: object) -> None:
     with pytest.raises(BadSpecObject):
-        sglext.counts(bad)
+        sglang.counts(bad)

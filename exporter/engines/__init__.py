@@ -1,0 +1,22 @@
+"""The serving engines the sidecar reads, one module each behind `base.Engine`; this registry
+is what a config's `engine:` is checked against. Adding an engine is one module here and its
+recorded fixtures (tests/unit/test_engine_registry.py runs each through the same contracts)."""
+
+from __future__ import annotations
+
+from exporter.engines import llamacpp, sglang, trtllm, vllm
+from exporter.engines.base import Engine
+
+ENGINES: dict[str, Engine] = {
+    e.kind: e for e in (vllm.ENGINE, sglang.ENGINE, llamacpp.ENGINE, trtllm.ENGINE)
+}
+KINDS = tuple(ENGINES)
+DEFAULT = vllm.ENGINE
+
+
+def engine(kind: str) -> Engine:
+    """The engine of `kind`; ValueError naming the known ones otherwise."""
+    found = ENGINES.get(kind)
+    if found is None:
+        raise ValueError(f"unknown engine {kind!r}; expected one of {', '.join(KINDS)}")
+    return found

@@ -1,0 +1,131 @@
+"""What the sidecar knows of a serving engine, behind one small interface: which /metrics
+families carry its speculative-decoding counters and how a series of them reads as `Counts`,
+what the proxy asks of a completion request, and how a finished response's per-request figures
+read. One module per engine implements it; `exporter.engines` is the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from exporter.core import reasons
+from exporter.core.counts import BadSpecObject, Counts, from_spec_object
+
+
+class Role(StrEnum):
+    """What a counter family counts, whatever the engine calls it."""
+
+    DRAFTS = "drafts"
+    DRAFT_TOKENS = "draft_tokens"
+    ACCEPTED = "accepted"
+    PER_POSITION = "per_position"
+    DRAFTED_PER_POSITION = "drafted_per_position"  # TensorRT-LLM: position 0 = the steps
+    GENERATED = "generated"  # SGLang: generation tokens, with its verify calls the steps
+
+
+RUNNING = "running_requests"  # the engine's batch: requests in model execution now
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFamilies:
+    """Family base names (without `_total` / `_created`) for one engine and prefix."""
+
+    engine: Engine
+    lead: str  # the common start of the counter names: what a page is scanned for
+    roles: dict[str, Role]
+    position_label: str = "position"
+    # the engine's own gauges, kept as they are (sample name -> our name): never counters
+    gauges: tuple[tuple[str, str], ...] = ()
+
+    def classify(self, name: str) -> tuple[Role, bool] | None:
+        """(role, is_created_gauge) for a sample name, or None when it is not ours."""
+        for suffix, created in (("_total", False), ("_created", True)):
+            if name.endswith(suffix):
+                role = self.roles.get(name[: -len(suffix)])
+                return None if role is None else (role, created)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFigures:
+    """A finished 200's own counts, or why there are none (`core.reasons`); `choices`: how many
+    choices the counts are over (their plausibility bound)."""
+
+    exact: Counts | None
+    without: str | None
+    choices: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What the proxy read of a finished 200: the decoded body (or a stream's usage event),
+    whether it streamed, the per-request details a stream carried in an event of their own,
+    llama.cpp-style timings, and whether the request asked for one choice."""
+
+    doc: Mapping[str, Any]
+    streamed: bool
+    streamed_details: object
+    timings: Mapping[str, Any]
+    single: bool
+
+
+class Engine:
+    """One engine kind. Subclasses set the class attributes and override what differs."""
+
+    kind: ClassVar[str]  # its name in the config (`engine:`)
+    prefix: ClassVar[str]  # its own metric prefix
+    # which of a request's counts a finished response states exactly (the rest are apportioned
+    # from the engine's counters): Role values
+    exact_per_request: ClassVar[frozenset[Role]] = frozenset()
+    sums_series_labels: ClassVar[bool] = False  # its counters carry labels of their own: summed
+    request_flag: ClassVar[str | None] = None  # a member the proxy sets true on each request
+    asks_stream_usage: ClassVar[bool] = True  # a stream's usage event (where the object rides)
+    asks_event_usage: ClassVar[bool] = True  # per-event usage while no object comes (n == 1)
+    without_object: ClassVar[str] = reasons.NOT_SENT  # the reason when a response has none
+
+    def families(self, prefix: str | None = None) -> EngineFamilies:
+        raise NotImplementedError
+
+    def speculates(self, values: dict[str, float]) -> bool:
+        """Whether a series' counters show speculation on (else it is no series of ours)."""
+        return True
+
+    def series_counts(
+        self,
+        values: dict[str, float],
+        accepted: dict[int, float],
+        drafted: dict[int, float],
+    ) -> Counts | None:
+        """One series' Counts from its counters by role and per position, or None when the
+        page holds it incomplete (a truncated page would look like a restart)."""
+        raise NotImplementedError
+
+    def request_figures(self, response: Response) -> RequestFigures:
+        """The per-request object of a 200 (vLLM's `metrics.speculative_decoding` by default)."""
+        if not response.single:
+            return RequestFigures(None, reasons.N_ABOVE_1)
+        metrics = response.doc.get("metrics")
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        if spec is None:
+            return RequestFigures(None, self.without_object)
+        if not isinstance(spec, dict):
+            return RequestFigures(None, reasons.UNKNOWN_SHAPE)
+        try:
+            return RequestFigures(from_spec_object(spec), None)
+        except BadSpecObject:
+            return RequestFigures(None, reasons.UNKNOWN_SHAPE)
+
+    def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
+        """A request's own draft and accepted tokens from its timings, where the engine sends
+        them (llama.cpp); None elsewhere."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<engine {self.kind}>"
+
+
+def dense(per_position: dict[int, float], k: int) -> tuple[float, ...]:
+    """Positions 0..k-1, a missing one 0."""
+    return tuple(per_position.get(i, 0.0) for i in range(k))

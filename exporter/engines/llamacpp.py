@@ -1,0 +1,42 @@
+"""The llama.cpp server: vLLM's four counter names under `llamacpp:` (no labels but the
+position), the batch in `llamacpp:requests_processing`, and per request `timings.draft_n` /
+`draft_n_accepted` (its own draft and accepted tokens, not its steps). It sends no per-request
+object; a stream that asks for usage gets its timings moved to the usage chunk, which would
+then have to go: nothing is asked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.engines.base import Role
+from exporter.engines.vllm import Vllm
+
+
+class Llamacpp(Vllm):
+    kind = "llamacpp"
+    prefix = "llamacpp:"
+    running_gauge = "requests_processing"
+    exact_per_request = frozenset((Role.DRAFT_TOKENS, Role.ACCEPTED))
+    asks_stream_usage = False
+    asks_event_usage = False
+
+    def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
+        """Its draft and accepted tokens, when they can be true: at most `draft_length` drafts
+        per generated token, none accepted beyond them; a request that drafted nothing has no
+        draft_n (it did no verify step)."""
+        predicted = timings.get("predicted_n")
+        if type(predicted) is not int or predicted < 0:
+            return None
+        tokens, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+        if (
+            type(tokens) is int
+            and type(accepted) is int
+            and 0 <= accepted <= min(tokens, predicted)
+            and tokens <= draft_length * predicted
+        ):
+            return tokens, accepted
+        return None
+
+
+ENGINE = Llamacpp()
