@@ -41,6 +41,7 @@ K = 3  # the simulator's draft length
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32)
 V = TypeVar("V")
 AGREE = 0.05  # the two speedups agree within this share
+ENGINE_JOB = "vllm"  # the simulated engine's Prometheus job (prometheus.yml)
 
 
 @dataclass
@@ -193,7 +194,7 @@ async def run(opts: Options) -> None:
     try:
         await web.TCPSite(runner, opts.host, opts.sim_port).start()
         await sidecar.start()
-        scraped = {"specdec": opts.sidecar_port, "vllm": opts.sim_port}
+        scraped = {"specdec": opts.sidecar_port, ENGINE_JOB: opts.sim_port}
         prometheus = (
             prometheus_child(opts.host, opts.prometheus_port, scraped)
             if opts.with_prometheus
