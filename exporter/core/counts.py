@@ -18,27 +18,29 @@ class Counts:
     """Drafts (verify steps), draft tokens, accepted tokens and accepted tokens per position.
 
     `per_position[i]` counts steps that accepted more than `i` drafts, so the positions sum to
-    `accepted`. `drafts` is None for engines that do not count verify steps (TensorRT-LLM).
-    `generated` is set only for an engine that counts steps and generated tokens but neither
-    draft nor accepted tokens (SGLang's /metrics): its tokens per step are generated / drafts,
-    and its draft and accepted tokens stay 0 here and are never exported.
+    `accepted`. A count the engine does not give is None, never 0: `drafts` for engines that
+    do not count verify steps (TensorRT-LLM), `draft_tokens` and `accepted` for one that
+    counts steps and generated tokens only (SGLang's /metrics; `generated` is set then, and
+    its tokens per step are generated / drafts). A sum or difference with an unknown is
+    unknown.
     """
 
     drafts: float | None = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
+    draft_tokens: float | None = 0.0
+    accepted: float | None = 0.0
     per_position: tuple[float, ...] = ()
     generated: float | None = None
 
     @property
-    def rejected(self) -> float:
-        return self.draft_tokens - self.accepted
+    def rejected(self) -> float | None:
+        """Draft tokens proposed and not accepted (None when either is unknown)."""
+        return _combine(self.draft_tokens, self.accepted, -1)
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(
             _combine(self.drafts, other.drafts, 1),
-            self.draft_tokens + other.draft_tokens,
-            self.accepted + other.accepted,
+            _combine(self.draft_tokens, other.draft_tokens, 1),
+            _combine(self.accepted, other.accepted, 1),
             tuple(
                 a + b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
             ),
@@ -48,8 +50,8 @@ class Counts:
     def __sub__(self, other: Counts) -> Counts:
         return Counts(
             _combine(self.drafts, other.drafts, -1),
-            self.draft_tokens - other.draft_tokens,
-            self.accepted - other.accepted,
+            _combine(self.draft_tokens, other.draft_tokens, -1),
+            _combine(self.accepted, other.accepted, -1),
             tuple(
                 a - b for a, b in zip_longest(self.per_position, other.per_position, fillvalue=0.0)
             ),
@@ -91,16 +93,18 @@ def fits(counts: Counts, draft_length: int, completion_tokens: int, choices: int
     every verify step emits at least one token, so steps <= completion tokens and steps +
     accepted <= completion tokens + draft_length per choice (its last step cut by max_tokens
     or a stop string)."""
-    steps = counts.drafts or 0.0
+    steps, accepted, tokens = counts.drafts or 0.0, counts.accepted, counts.draft_tokens
+    if accepted is None or tokens is None:
+        return False  # a request's own counts state both
     if (
-        counts.accepted > counts.draft_tokens
-        or counts.draft_tokens > draft_length * steps
+        accepted > tokens
+        or tokens > draft_length * steps
         or len(counts.per_position) > draft_length
     ):
         return False
     return not completion_tokens or (
         steps <= completion_tokens
-        and steps + counts.accepted <= completion_tokens + choices * draft_length
+        and steps + accepted <= completion_tokens + choices * draft_length
     )
 
 
@@ -135,14 +139,16 @@ def ratios(counts: Counts) -> Ratios:
     """acceptance = accepted / draft_tokens; tokens per step = 1 + accepted / drafts (SGLang:
     generated / drafts, its own definition); per-position = per_position[i] / drafts
     (P(accepted > i), not conditional)."""
-    acceptance = counts.accepted / counts.draft_tokens if counts.draft_tokens > 0 else None
-    drafts = counts.drafts
+    accepted, tokens, drafts = counts.accepted, counts.draft_tokens, counts.drafts
+    acceptance = accepted / tokens if accepted is not None and tokens and tokens > 0 else None
     if drafts is None or drafts <= 0:
         return Ratios(acceptance, None, None)
     if counts.generated is not None:
         return Ratios(None, counts.generated / drafts, None)
+    if accepted is None:
+        return Ratios(acceptance, None, None)
     return Ratios(
         acceptance,
-        1.0 + counts.accepted / drafts,
+        1.0 + accepted / drafts,
         tuple(p / drafts for p in counts.per_position),
     )

@@ -128,7 +128,7 @@ class Sglang(Engine):
         """Steps and generated tokens, both present."""
         if Role.GENERATED not in values:
             return None
-        return Counts(values[Role.DRAFTS], generated=values[Role.GENERATED])
+        return Counts(values[Role.DRAFTS], None, None, generated=values[Role.GENERATED])
 
     def request_figures(self, response: Response) -> RequestFigures:
         spec = response.streamed_details if response.streamed else details(response.doc)

@@ -106,8 +106,9 @@ class RouteCollector(Collector):
             for (route, model), c in sorted(table.items()):
                 labels = [route, model, source]
                 drafts.add_metric(labels, c.drafts or 0.0)
-                tokens.add_metric(labels, c.draft_tokens)
-                accepted.add_metric(labels, c.accepted)
+                if c.draft_tokens is not None and c.accepted is not None:  # a route's are known
+                    tokens.add_metric(labels, c.draft_tokens)
+                    accepted.add_metric(labels, c.accepted)
                 for i, v in enumerate(c.per_position):
                     per_pos.add_metric([*labels, str(i)], v)
         yield from (drafts, tokens, accepted, per_pos)

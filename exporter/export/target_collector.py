@@ -96,12 +96,14 @@ class TargetCollector(Collector):
                 if counts.drafts is not None:
                     drafts.add_metric(labels, counts.drafts)
                 restarts.add_metric(labels, float(totals.restarts))
-                if counts.generated is not None:  # no draft or accepted tokens to export
+                if counts.generated is not None:
                     generated.add_metric(labels, counts.generated)
-                    continue
+                if counts.draft_tokens is None or counts.accepted is None:
+                    continue  # an engine that counts none (SGLang): nothing to export
                 proposed.add_metric(labels, counts.draft_tokens)
                 accepted.add_metric(labels, counts.accepted)
-                rejected.add_metric(labels, totals.rejected)
+                if totals.rejected is not None:
+                    rejected.add_metric(labels, totals.rejected)
                 for i, value in enumerate(counts.per_position):
                     per_pos.add_metric([*labels, str(i)], value)
         yield from (drafts, proposed, accepted, rejected, per_pos, restarts)

@@ -65,7 +65,7 @@ class Phase:
                 counted = False
                 continue
             c = from_spec_object(r.spec)
-            steps += max(c.drafts or 0.0, own - c.accepted)
+            steps += max(c.drafts or 0.0, own - (c.accepted or 0.0))  # both a request's own
         return tokens, seconds, steps if counted and steps else None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from exporter.core.counts import Counts, from_spec_object, total
+from exporter.core.counts import Counts, from_spec_object, ratios, total
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import RequestFailed, Result, stream_chat
 from exporter.scrape.derive import delta
@@ -54,11 +54,9 @@ class ScenarioResult:
             "drafts": None if e is None else e.drafts,
             "draft_tokens": None if e is None else e.draft_tokens,
             "accepted_tokens": None if e is None else e.accepted,
-            "acceptance_rate": e.accepted / e.draft_tokens if e and e.draft_tokens else None,
-            "per_request_acceptance_rate": p.accepted / p.draft_tokens
-            if p and p.draft_tokens
-            else None,
-            "mean_acceptance_length": 1 + e.accepted / e.drafts if e and e.drafts else None,
+            "acceptance_rate": ratios(e).acceptance if e else None,
+            "per_request_acceptance_rate": ratios(p).acceptance if p else None,
+            "mean_acceptance_length": ratios(e).mean_acceptance_length if e else None,
             "interrupted": self.interrupted,
         }
 

@@ -215,7 +215,7 @@ class Accounting:
         first = req.increments[0] if req.increments else 1
         tokens = max(req.completion_tokens - first, 0)
         exact = req.exact if req.exact is not None and req.exact.drafts else None
-        steps = 0.0 if exact is None else max(exact.drafts or 0.0, tokens - exact.accepted)
+        steps = 0.0 if exact is None else max(exact.drafts or 0.0, tokens - (exact.accepted or 0))
         decode_key = (*key, "estimated" if exact is None else "exact")
         self.decode[decode_key] = self.decode.get(decode_key, Decode()) + Decode(
             tokens, seconds, steps
@@ -233,7 +233,7 @@ class Accounting:
         """One exact request's own figures: its moments, acceptance, payoff and loop signature.
         `steps`: its verify steps when they are an estimate (llama.cpp), not in `exact`."""
         accepted, tokens = exact.accepted, exact.draft_tokens
-        if tokens <= 0:
+        if accepted is None or tokens is None or tokens <= 0:
             return
         moments = self.moments.get(key)
         self.moments[key] = (moments or RequestMoments()).with_request(accepted, tokens)
@@ -261,14 +261,18 @@ class Accounting:
         """
         for model, engine in engine_by_model.items():
             # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
-            if engine.drafts is None or engine.drafts <= 0 or engine.generated is not None:
+            engine_accepted, engine_tokens = engine.accepted, engine.draft_tokens
+            engine_steps = engine.drafts
+            if engine_steps is None or engine_steps <= 0:
+                continue
+            if engine_accepted is None or engine_tokens is None:
                 continue
 
             def served(key: RouteKey, model: str = model) -> bool:
                 return model == "" or key[1] == model
 
-            engine_tokens_per_step = 1 + engine.accepted / engine.drafts
-            per_step = engine.draft_tokens / engine.drafts or 1.0
+            engine_tokens_per_step = 1 + engine_accepted / engine_steps
+            per_step = engine_tokens / engine_steps or 1.0
             self._draft_tokens_per_step[model] = per_step
             for key in [k for k in self._drafted if served(k)]:
                 # llama.cpp's requests: their steps weigh in at the engine's draft tokens per
@@ -335,5 +339,5 @@ def _utf8(text: str) -> bool:
 
 def _vector(c: Counts, width: int = 0) -> list[float]:
     """drafts, draft tokens, accepted, positions... as one list (padded to `width`)."""
-    values = [c.drafts or 0.0, c.draft_tokens, c.accepted, *c.per_position]
+    values = [c.drafts or 0.0, c.draft_tokens or 0.0, c.accepted or 0.0, *c.per_position]
     return values + [0.0] * (width - len(values))

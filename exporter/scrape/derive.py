@@ -67,11 +67,10 @@ def report(deltas: dict[SeriesKey, Counts]) -> dict[str, Any]:
 
 def _figures(c: Counts) -> dict[str, Any]:
     r = ratios(c)
-    uncounted = c.generated is not None  # SGLang counts steps and tokens, no draft tokens
     return {
         "drafts": c.drafts,
-        "draft_tokens": None if uncounted else c.draft_tokens,
-        "accepted_tokens": None if uncounted else c.accepted,
+        "draft_tokens": c.draft_tokens,  # None: the engine counts none (SGLang)
+        "accepted_tokens": c.accepted,
         "acceptance_rate": r.acceptance,
         "mean_acceptance_length": r.mean_acceptance_length,
         "per_position": _per_position(c),
@@ -82,7 +81,7 @@ def _per_position(c: Counts) -> list[float | None] | None:
     """k ratios; k nulls when there were no drafts to divide by (a consumer can still index
     it); null for an engine that counts no verify steps (TensorRT-LLM) or no accepted tokens
     (SGLang)."""
-    if c.drafts is None or c.generated is not None:
+    if c.drafts is None or c.accepted is None:
         return None
     r = ratios(c)
     return [None] * len(c.per_position) if r.per_position is None else list(r.per_position)

@@ -20,7 +20,7 @@ class SeriesTotals:
 
     last: RawSeries
     counts: Counts
-    rejected: float
+    rejected: float | None  # a running maximum; None while no draft tokens are counted
     restarts: int = 0
     first: RawSeries = field(default_factory=lambda: RawSeries(Counts(), ()))
 
@@ -56,7 +56,8 @@ class RunningTotals:
             totals.counts = totals.counts + increase
             # a torn read (draft tokens counted before accepted) must not make this go down, nor
             # leave it too high for good once the read is whole (summing clipped increases did)
-            totals.rejected = max(totals.rejected, totals.counts.rejected)
+            now = totals.counts.rejected
+            totals.rejected = None if now is None else max(totals.rejected or 0.0, now)
         return restarted
 
     def snapshot(self) -> dict[SeriesKey, Counts]:
@@ -66,11 +67,13 @@ class RunningTotals:
 def is_restart(before: RawSeries, after: RawSeries) -> bool:
     """True when any counter went down or any `_created` stamp seen in both pages changed."""
     b, a = before.counts, after.counts
-    if a.draft_tokens < b.draft_tokens or a.accepted < b.accepted:
-        return True
-    if a.drafts is not None and b.drafts is not None and a.drafts < b.drafts:
-        return True
-    if a.generated is not None and b.generated is not None and a.generated < b.generated:
+    pairs = (
+        (a.draft_tokens, b.draft_tokens),
+        (a.accepted, b.accepted),
+        (a.drafts, b.drafts),
+        (a.generated, b.generated),
+    )
+    if any(x is not None and y is not None and x < y for x, y in pairs):
         return True
     if any(x < y for x, y in zip(a.per_position, b.per_position, strict=False)):
         return True

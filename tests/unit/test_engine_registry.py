@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.config import ENGINE_KINDS
-from exporter.engines import ENGINES, KINDS, engine
+from exporter.engines import KINDS, engine
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYS_ENGINES = ("exporter/engines/", "exporter/sim/")

@@ -385,7 +385,7 @@ def test_sglang_gives_steps_and_generated_tokens_and_keeps_its_gauges():
     page = read_page(SGLANG_PAGE.format(streamed=700, whole=300, verify=400), families("sglang"))
     assert page.bad_lines == 0
     counts = page.series[("qwen", "")].counts
-    assert counts == Counts(400.0, 0.0, 0.0, (), generated=1000.0)
+    assert counts == Counts(400.0, None, None, (), generated=1000.0)  # no placeholder zeros
     assert ratios(counts) == Ratios(None, 2.5, None)  # tokens per step, no acceptance
     assert page.gauges == {("qwen", ""): {"acceptance_length": 2.5, "acceptance_rate": 0.5}}
 
