@@ -25,8 +25,9 @@ from exporter.engines.base import Engine
 from exporter.export.guarded import Guarded
 from exporter.export.lifecycle_collector import LifecycleCollector, ReloadStatus
 from exporter.export.model_collector import ModelCollector
+from exporter.export.proxy_collector import ProxyCollector
 from exporter.export.request_collector import RequestCollector
-from exporter.export.route_collector import RouteCollector, engine_by_model
+from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import TargetCollector
 from exporter.process import graceful, return_freed_memory, run_until_stopped
 from exporter.proxy.accounting import Accounting
@@ -71,8 +72,9 @@ class Sidecar:
             self.proxy = Proxy(config.proxy, accounting, self.faults)
             self.fronted = self._fronted_target(config)
             self.proxy.engine = _engine(config.proxy, self.fronted)
-            self._routes = RouteCollector(self.proxy, self.models, self.fronted, clock)
+            self._routes = RouteCollector(accounting, self.models, self.fronted, clock)
             self._register(self._routes)
+            self._register(ProxyCollector(self.proxy))
             self._register(RequestCollector(accounting, clock))
         self._scrapers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -191,7 +193,7 @@ class Sidecar:
         accounting = self.proxy.accounting
         while True:
             if self.fronted is not None:
-                accounting.apportion(engine_by_model(self.fronted))
+                accounting.apportion(self.fronted.work_by_model())
             accounting.tick(self.clock())
             await asyncio.sleep(TICK_SECONDS)
 

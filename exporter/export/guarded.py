@@ -11,9 +11,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter.core.faults import Faults
+from exporter.export.collector import FamiliesCollector
 
 
-class Guarded(Collector):
+class Guarded(FamiliesCollector):
+    """`inner`, guarded; it describes its families the same way (a failure costs the names)."""
+
     def __init__(self, inner: Collector, faults: Faults) -> None:
         self.inner = inner
         self.faults = faults

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from exporter.core.faults import Faults
+from exporter.export.collector import FamiliesCollector
 
 
 @dataclass(slots=True)
@@ -27,7 +27,7 @@ class ReloadStatus:
         self.successful = False
 
 
-class LifecycleCollector(Collector):
+class LifecycleCollector(FamiliesCollector):
     def __init__(self, reloads: ReloadStatus, faults: Faults) -> None:
         self.reloads = reloads
         self.faults = faults

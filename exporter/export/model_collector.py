@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from exporter.config import ModelConfig
 from exporter.core.payoff import breakeven_acceptance, decode_ceiling
+from exporter.export.collector import FamiliesCollector
 
 
-class ModelCollector(Collector):
+class ModelCollector(FamiliesCollector):
     def __init__(self, models: dict[str, ModelConfig]) -> None:
         self.models = models
 

@@ -13,9 +13,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS
+from exporter.export.collector import FamiliesCollector
 from exporter.proxy.accounting import RUNAWAY_ACCEPTANCE, Accounting
 
 ROUTE = ["route", "model_name"]
@@ -49,7 +49,7 @@ MOMENTS = (  # family, help, field of RequestMoments: the names are a contract
 )
 
 
-class RequestCollector(Collector):
+class RequestCollector(FamiliesCollector):
     def __init__(self, accounting: Accounting, clock: Callable[[], float]) -> None:
         self.accounting = accounting
         self.clock = clock

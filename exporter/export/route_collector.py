@@ -10,7 +10,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts, ratios, total
@@ -22,8 +21,8 @@ from exporter.core.payoff import (
     speedups_by_draft_length,
 )
 from exporter.core.stats import Interval, RequestMoments
+from exporter.export.collector import FamiliesCollector
 from exporter.proxy.accounting import Accounting
-from exporter.proxy.forward import Proxy
 from exporter.scrape.target import TargetState
 
 ROUTE = ["route", "model_name"]
@@ -41,16 +40,18 @@ def _by_draft_length(c: Counts, payoff: Speedups, interval: Interval | None) -> 
     )
 
 
-class RouteCollector(Collector):
+class RouteCollector(FamiliesCollector):
+    """The routes' figures from the proxy's accounting; the fronted target (the engine the
+    routes share) gives the batch their payoff is computed at and the coverage's whole."""
+
     def __init__(
         self,
-        proxy: Proxy,
+        accounting: Accounting,
         models: dict[str, ModelConfig],
         target: TargetState | None,
         clock: Callable[[], float],
     ) -> None:
-        self.proxy = proxy
-        self.accounting: Accounting = proxy.accounting
+        self.accounting = accounting
         self.models = models
         self.target = target
         self.clock = clock
@@ -59,7 +60,6 @@ class RouteCollector(Collector):
         yield from self._counters()
         yield from self._histograms()
         yield from self._windows()
-        yield from self._health()
 
     def _counters(self) -> Iterator[Metric]:
         acc = self.accounting
@@ -261,80 +261,3 @@ class RouteCollector(Collector):
                     )
         yield from (acceptance, length, speedup_est, speedup, at_length, at_length_half, best)
         yield coverage
-
-    def _health(self) -> Iterator[Metric]:
-        proxy = self.proxy
-        errors = _counter(
-            "specdec_proxy_upstream_errors",
-            "Upstream failures: connection (502, nothing sent), closed (502, closed after the "
-            "request was written; never re-sent), timeout (504), broken (cut mid-way), malformed "
-            "(not valid HTTP/1.1).",
-            "reason",
-            proxy.upstream_errors,
-        )
-        refused = CounterMetricFamily(
-            "specdec_proxy_refused_requests",
-            "Requests refused: malformed, absolute URI, CONNECT, body too large, transfer coding "
-            "not chunked, a head or body too slow.",
-        )
-        refused.add_metric([], float(proxy.refused))
-        shed = _counter(
-            "specdec_proxy_shed_requests",
-            "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight or "
-            "max_buffered_bytes.",
-            "limit",
-            proxy.shed,
-        )
-        timeouts = _counter(
-            "specdec_proxy_client_timeouts",
-            "Clients that missed a deadline: head, body (408) or write (cut, upstream dropped).",
-            "phase",
-            proxy.timeouts,
-        )
-        unreadable = _counter(
-            "specdec_proxy_unreadable_requests",
-            "Completion requests whose body is not a UTF-8 JSON object: relayed untouched, "
-            "unaccounted.",
-            "reason",
-            proxy.unreadable,
-        )
-        buffered = GaugeMetricFamily(
-            "specdec_proxy_buffered_bytes",
-            "Bytes held now for request bodies, whole responses and SSE events.",
-            value=float(proxy.budget.held),
-        )
-        limit = GaugeMetricFamily(
-            "specdec_proxy_buffered_bytes_limit",
-            "max_buffered_bytes: past it requests are shed.",
-            value=float(proxy.budget.limit),
-        )
-        cut = CounterMetricFamily(
-            "specdec_proxy_drain_cut_requests",
-            "Requests still in flight when a drain's grace (drain_timeout) ran out: closed.",
-        )
-        cut.add_metric([], float(proxy.cut_at_drain))
-        in_flight = GaugeMetricFamily(
-            "specdec_proxy_in_flight_requests", "Requests sent upstream and not over yet."
-        )
-        in_flight.add_metric([], float(proxy.in_flight))
-        clients = GaugeMetricFamily(
-            "specdec_proxy_client_connections", "Client connections open to the proxy."
-        )
-        clients.add_metric([], float(proxy.client_connections))
-        yield from (errors, refused, shed, timeouts, unreadable, buffered, limit, cut)
-        yield from (in_flight, clients)
-
-
-def _counter(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
-    family = CounterMetricFamily(name, documentation, labels=[label])
-    for value, n in sorted(counts.items()):
-        family.add_metric([value], float(n))
-    return family
-
-
-def engine_by_model(target: TargetState) -> dict[str, Counts]:
-    """The target's work per model_name since the sidecar first saw it, summed over engines."""
-    by_model: dict[str, list[Counts]] = {}
-    for (model, _), totals in target.store.series.items():
-        by_model.setdefault(model, []).append(totals.since_first_sight)
-    return {model: total(items) for model, items in by_model.items()}

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.core.counts import Counts, ratios, total
 from exporter.engines.base import RUNNING
+from exporter.export.collector import FamiliesCollector
 from exporter.scrape.target import TargetState
 
 ERROR_REASONS = ("timeout", "connection", "http_status", "protocol", "too_large", "no_spec_metrics")
@@ -19,7 +19,7 @@ ALL_ENGINES = "all"  # the `engine` label of gauges derived from the sum over a 
 SERIES = ["target", "model_name", "engine"]
 
 
-class TargetCollector(Collector):
+class TargetCollector(FamiliesCollector):
     def __init__(self, targets: Sequence[TargetState], clock: Callable[[], float]) -> None:
         self.targets = targets
         self.clock = clock

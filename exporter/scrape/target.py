@@ -15,7 +15,7 @@ import aiohttp
 
 from exporter import logs
 from exporter.config import Target, redact
-from exporter.core.counts import Counts
+from exporter.core.counts import Counts, total
 from exporter.core.payoff import Batch
 from exporter.core.windows import History, Window
 from exporter.engines import engine
@@ -73,6 +73,14 @@ class TargetState:
             if batch.seen is not None:
                 per_engine.setdefault(model, []).append(batch.seen)
         return {model: sum(seen) / len(seen) for model, seen in per_engine.items()}
+
+    def work_by_model(self) -> dict[str, Counts]:
+        """The engine's work per model_name since the sidecar first saw it, summed over its
+        engines: what the proxy's accounting apportions to routes."""
+        by_model: dict[str, list[Counts]] = {}
+        for (model, _), totals in self.store.series.items():
+            by_model.setdefault(model, []).append(totals.since_first_sight)
+        return {model: total(items) for model, items in by_model.items()}
 
     @property
     def up(self) -> bool | None:

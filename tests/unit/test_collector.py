@@ -9,7 +9,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Target
+from exporter.core.faults import Faults
 from exporter.core.windows import Window, parse_window
+from exporter.export.guarded import Guarded
 from exporter.export.target_collector import ERROR_REASONS, TargetCollector
 from exporter.scrape.target import TargetState
 
@@ -247,3 +249,12 @@ def test_the_collector_reads_the_clock_on_every_scrape(targets):
     now[0] = NOW + 15 * 60 + 1  # every window has passed without a snapshot
     assert b"specdec_acceptance_ratio{" not in generate_latest(registry)
     assert b"specdec_drafts_total{" in generate_latest(registry)  # counters stay
+
+
+def test_the_registry_refuses_a_family_registered_twice(targets):
+    """Every collector describes its families (Guarded passes them on), so a duplicated
+    family name fails at registration, not as a page with two families of one name."""
+    registry = CollectorRegistry()
+    registry.register(Guarded(TargetCollector(targets, lambda: 0.0), Faults()))
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        registry.register(Guarded(TargetCollector(targets, lambda: 0.0), Faults()))

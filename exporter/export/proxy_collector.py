@@ -1,0 +1,85 @@
+"""The proxy's own health families: upstream errors, refusals, sheds, deadlines, buffers and
+connections, built on each scrape from its counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.export.collector import FamiliesCollector
+from exporter.proxy.forward import Proxy
+
+
+class ProxyCollector(FamiliesCollector):
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    def collect(self) -> Iterator[Metric]:
+        proxy = self.proxy
+        errors = _counter(
+            "specdec_proxy_upstream_errors",
+            "Upstream failures: connection (502, nothing sent), closed (502, closed after the "
+            "request was written; never re-sent), timeout (504), broken (cut mid-way), malformed "
+            "(not valid HTTP/1.1).",
+            "reason",
+            proxy.upstream_errors,
+        )
+        refused = CounterMetricFamily(
+            "specdec_proxy_refused_requests",
+            "Requests refused: malformed, absolute URI, CONNECT, body too large, transfer coding "
+            "not chunked, a head or body too slow.",
+        )
+        refused.add_metric([], float(proxy.refused))
+        shed = _counter(
+            "specdec_proxy_shed_requests",
+            "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight or "
+            "max_buffered_bytes.",
+            "limit",
+            proxy.shed,
+        )
+        timeouts = _counter(
+            "specdec_proxy_client_timeouts",
+            "Clients that missed a deadline: head, body (408) or write (cut, upstream dropped).",
+            "phase",
+            proxy.timeouts,
+        )
+        unreadable = _counter(
+            "specdec_proxy_unreadable_requests",
+            "Completion requests whose body is not a UTF-8 JSON object: relayed untouched, "
+            "unaccounted.",
+            "reason",
+            proxy.unreadable,
+        )
+        buffered = GaugeMetricFamily(
+            "specdec_proxy_buffered_bytes",
+            "Bytes held now for request bodies, whole responses and SSE events.",
+            value=float(proxy.budget.held),
+        )
+        limit = GaugeMetricFamily(
+            "specdec_proxy_buffered_bytes_limit",
+            "max_buffered_bytes: past it requests are shed.",
+            value=float(proxy.budget.limit),
+        )
+        cut = CounterMetricFamily(
+            "specdec_proxy_drain_cut_requests",
+            "Requests still in flight when a drain's grace (drain_timeout) ran out: closed.",
+        )
+        cut.add_metric([], float(proxy.cut_at_drain))
+        in_flight = GaugeMetricFamily(
+            "specdec_proxy_in_flight_requests", "Requests sent upstream and not over yet."
+        )
+        in_flight.add_metric([], float(proxy.in_flight))
+        clients = GaugeMetricFamily(
+            "specdec_proxy_client_connections", "Client connections open to the proxy."
+        )
+        clients.add_metric([], float(proxy.client_connections))
+        yield from (errors, refused, shed, timeouts, unreadable, buffered, limit, cut)
+        yield from (in_flight, clients)
+
+
+def _counter(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([value], float(n))
+    return family
