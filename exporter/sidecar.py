@@ -9,6 +9,7 @@ import html
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -52,34 +53,66 @@ class Sidecar:
     drains on a stop signal, applies a reloaded config."""
 
     def __init__(self, config: Config, clock: Clock = time.monotonic) -> None:
-        self.config = config
         self.clock = clock
         self.faults = Faults()
         self.reloads = ReloadStatus()
         self.ready = False  # /-/ready: started and not draining
-        self.models: dict[str, ModelConfig] = {m.name: m for m in config.models}  # shared, live
-        self.targets = [TargetState(t, config.windows) for t in config.targets]
-        self.registry = CollectorRegistry()
-        self._register(TargetCollector(self.targets, clock))
-        self._register(ModelCollector(self.models))
-        ProcessCollector(namespace="specdec", registry=self.registry)
-        self.registry.register(LifecycleCollector(self.reloads, self.faults))
         self.proxy: Proxy | None = None
-        self.fronted: TargetState | None = None
-        self._routes: RouteCollector | None = None
         if config.proxy is not None:
-            accounting = Accounting(config.proxy.route_names, config.windows, self.models)
+            models = {m.name: m for m in config.models}
+            accounting = Accounting(config.proxy.route_names, config.windows, models)
             self.proxy = Proxy(config.proxy, accounting, self.faults)
-            self.fronted = self._fronted_target(config)
-            self.proxy.engine = _engine(config.proxy, self.fronted)
-            self._routes = RouteCollector(accounting, self.models, self.fronted, clock)
-            self._register(self._routes)
-            self._register(ProxyCollector(self.proxy))
-            self._register(RequestCollector(accounting, clock))
+        self.wiring = self._wire(config, {})
+        if self.proxy is not None:
+            self.proxy.engine = _engine(config.proxy, self.wiring.fronted)
         self._scrapers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.BaseRunner] = []
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def config(self) -> Config:
+        return self.wiring.config
+
+    @property
+    def targets(self) -> tuple[TargetState, ...]:
+        return self.wiring.targets
+
+    @property
+    def fronted(self) -> TargetState | None:
+        return self.wiring.fronted
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.wiring.registry
+
+    def _wire(self, config: Config, carried: dict[str, TargetState]) -> Wiring:
+        """The objects `config` implies: each target's state (a kept one's carried over from
+        `carried`), the models, the fronted target and a registry of collectors over them.
+        Built beside the running ones; nothing running is touched."""
+        targets = tuple(
+            TargetState(t, config.windows)
+            if t.name not in carried
+            else carried[t.name].carried(t, config.windows)
+            for t in config.targets
+        )
+        models = {m.name: m for m in config.models}
+        fronted = _fronted_target(config, targets)
+        registry = CollectorRegistry()
+
+        def register(collector: Collector) -> None:
+            registry.register(Guarded(collector, self.faults))
+
+        register(TargetCollector(targets, self.clock))
+        register(ModelCollector(models))
+        ProcessCollector(namespace="specdec", registry=registry)
+        registry.register(LifecycleCollector(self.reloads, self.faults))
+        if self.proxy is not None:
+            accounting = self.proxy.accounting
+            register(RouteCollector(accounting, models, fronted, self.clock))
+            register(ProxyCollector(self.proxy))
+            register(RequestCollector(accounting, self.clock))
+        return Wiring(config, targets, models, fronted, registry)
 
     async def start(self) -> None:
         """Start scraping, serve /metrics and (if configured) the proxy."""
@@ -115,12 +148,14 @@ class Sidecar:
             await self.proxy.stop()
 
     def apply(self, new: Config) -> None:
-        """A reloaded config, applied at once (no await: no request sees half of it). Targets
-        are matched by name: a kept one keeps its running totals (a changed one is scraped
-        anew), a new one starts, a removed one stops. Windows change over the same history: a kept
-        one keeps its figures, a longer new one appears once the history covers it. Routes,
-        models and the proxy's limits and timeouts apply to new requests. NeedsRestart, and
-        nothing applied, for what only a restart can change."""
+        """A reloaded config, the blackbox way: the objects it implies are built beside the
+        running ones (`_wire`), then swapped whole, with no await between (no scrape, request
+        or /metrics sees half of it). Targets are matched by name: a kept one carries its
+        running totals and history over, a new one starts, a removed one stops. Windows change
+        over the same history: a kept one keeps its figures, a longer new one appears once the
+        history covers it. Routes, models and the proxy's limits and timeouts apply to new
+        requests. NeedsRestart, and nothing applied, for what only a restart can change; an
+        error while building leaves the running objects as they were."""
         old = self.config
         needs = []
         if new.listen != old.listen:
@@ -135,43 +170,19 @@ class Sidecar:
             )
         if needs:
             raise NeedsRestart("\n".join(f"{n} needs a restart" for n in needs))
-        by_name = {state.target.name: state for state in self.targets}
-        kept = []
-        for target in new.targets:
-            state = by_name.pop(target.name, None)
-            if state is None:
-                state = TargetState(target, new.windows)
-                self._scrape(state)
-            else:
-                if new.windows != old.windows:
-                    state.rewindow(new.windows)
-                if state.target != target:
-                    state.retarget(target)
-                    self._scrape(state)  # at its new URL, interval or timeout
-            kept.append(state)
-        for name in by_name:
-            self._scrapers.pop(name).cancel()
-        self.targets[:] = kept  # the collector holds this list
-        self.models.clear()
-        self.models.update((m.name, m) for m in new.models)
-        if self.proxy is not None and new.proxy is not None and self._routes is not None:
-            accounting = self.proxy.accounting
-            if new.windows != old.windows:
-                accounting.rewindow(new.windows)
-            accounting.routes = new.proxy.route_names
+        wiring = self._wire(new, {state.target.name: state for state in self.targets})
+        # the swap: no await from here, so no scrape, request or /metrics sees half of it
+        for task in self._scrapers.values():
+            task.cancel()  # each loop goes on with its carried state, from a scrape now
+        self._scrapers.clear()
+        self.wiring = wiring
+        for state in wiring.targets:
+            self._scrape(state)
+        if self.proxy is not None and new.proxy is not None:
+            # the one live part: requests in flight hold the proxy and its accounting
+            self.proxy.accounting.reconfigure(new.proxy.route_names, new.windows, wiring.models)
             self.proxy.reconfigure(new.proxy)
-            self.fronted = self._routes.target = self._fronted_target(new)
-            self.proxy.engine = _engine(new.proxy, self.fronted)
-        self.config = new
-
-    def _register(self, collector: Collector) -> None:
-        self.registry.register(Guarded(collector, self.faults))
-
-    def _fronted_target(self, config: Config) -> TargetState | None:
-        """The target the proxy fronts: named in the config, or the only one."""
-        assert config.proxy is not None
-        name = config.proxy.target or (config.targets[0].name if len(config.targets) == 1 else None)
-        return next((t for t in self.targets if t.target.name == name), None)
+            self.proxy.engine = _engine(new.proxy, wiring.fronted)
 
     def _scrape(self, state: TargetState) -> None:
         """(Re)start the scrape loop of `state`."""
@@ -296,6 +307,26 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     """`specdec serve`: until SIGINT or SIGTERM (drained, exit 0); SIGHUP reloads."""
     return_freed_memory()
     run_until_stopped(lambda: run(config, reload))
+
+
+def _fronted_target(config: Config, targets: tuple[TargetState, ...]) -> TargetState | None:
+    """The target the proxy fronts: named in the config, or the only one."""
+    if config.proxy is None:
+        return None
+    name = config.proxy.target or (config.targets[0].name if len(config.targets) == 1 else None)
+    return next((t for t in targets if t.target.name == name), None)
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What one configuration implies: the targets' state, the models, the target the proxy
+    fronts and the registry over them. A reload builds a new one and swaps it whole."""
+
+    config: Config
+    targets: tuple[TargetState, ...]
+    models: dict[str, ModelConfig]
+    fronted: TargetState | None
+    registry: CollectorRegistry
 
 
 def _engine(proxy: ProxyConfig | None, fronted: TargetState | None) -> Engine:

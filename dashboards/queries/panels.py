@@ -126,16 +126,16 @@ def _cost_on_the_line(batch: str) -> str:
 def route_speedup_at_batch(running: int) -> str:
     """The route's load-aware speedup now, moved along the model's step-time line to `running`
     requests: x cost(running) / cost(the batch now). At the batch now it is the estimate."""
-    now = spec.batch("5m", MODEL)
+    now = spec.batch(RATE, RAW_MODEL)
     cost_now = _cost_on_the_line(f"on (model_name) ({now})")
     moved = f"({_cost_on_the_line(str(running))}\n/ on (model_name)\n{cost_now})"
     return f"{route_rule('estimated_speedup', 'ratio_rate5m')}\n* on (model_name) group_left ()\n{moved}"
 
 
 def route_batch_now() -> str:
-    """The batch the route's engine runs now (5m), on the route's rows."""
+    """The batch the route's engine runs now, on the route's rows."""
     speedup = route_rule("estimated_speedup", "ratio_rate5m")
-    return f"0 * {speedup}\n+ on (model_name) group_left ()\n{spec.batch('5m', MODEL)}"
+    return f"0 * {speedup}\n+ on (model_name) group_left ()\n{spec.batch(RATE, RAW_MODEL)}"
 
 
 def route_ttft(q: float) -> str:

@@ -130,8 +130,17 @@ class Accounting:
         self._draft_tokens_per_step: dict[str, float] = {}  # the engine's, per model_name
         self._exact_by_model: dict[str, Counts] = {}
 
-    def rewindow(self, windows: Sequence[Window]) -> None:
-        """New rolling windows over the same history: the counters are untouched."""
+    def reconfigure(
+        self, routes: Sequence[str], windows: Sequence[Window], models: dict[str, ModelConfig]
+    ) -> None:
+        """A reloaded config's routes, windows (over the same history) and models; the counters
+        are untouched. Requests in flight hold this object, so it takes them in place."""
+        self.routes = tuple(routes)
+        self.model_configs = models
+        if tuple(windows) != self.history.windows:
+            self._rewindow(windows)
+
+    def _rewindow(self, windows: Sequence[Window]) -> None:
         self.history = self.history.with_windows(windows)
         self.decode_history = self.decode_history.with_windows(windows)
         self.moments_history = self.moments_history.with_windows(windows)

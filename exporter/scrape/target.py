@@ -53,16 +53,18 @@ class TargetState:
         self.batch_history: History[SeriesKey, Batch] = History(windows, born_at_zero=True)
         self._last_page_at: float | None = None
 
-    def retarget(self, target: Target) -> None:
-        """The same target (by name) reconfigured: its running totals go on."""
-        self.target = target
-        self.engine = engine(target.engine)
-        self.families = self.engine.families(target.prefix)
-
-    def rewindow(self, windows: tuple[Window, ...]) -> None:
-        """New rolling windows over the same history: the counters are untouched."""
-        self.history = self.history.with_windows(windows)
-        self.batch_history = self.batch_history.with_windows(windows)
+    def carried(self, target: Target, windows: tuple[Window, ...]) -> TargetState:
+        """A new state for the same target (by name) under a reloaded config: its running
+        totals, health and batch go on, its windows are `windows` over the same history. This
+        state is left as it was (the reload swaps whole, then drops it)."""
+        new = TargetState(target, windows)
+        new.store, new.errors, new.bad_lines = self.store, self.errors, self.bad_lines
+        new.status, new.last_duration, new.gauges = self.status, self.last_duration, self.gauges
+        new.history = self.history.with_windows(windows)
+        new.batch = self.batch
+        new.batch_history = self.batch_history.with_windows(windows)
+        new._last_page_at = self._last_page_at
+        return new
 
     def mean_running(self, window: Window, now: float, partial: bool = False) -> dict[str, float]:
         """Per model_name, the batch its running requests saw over the window (each page's

@@ -331,7 +331,7 @@ def test_a_reload_that_adds_a_window_keeps_the_others_figures() -> None:
     for i in range(13):
         state.ingest(steady_page(i), float(10 * i))
     before = state.history.increase(M1, 120.0)
-    state.rewindow((M1, M15))
+    state = state.carried(state.target, (M1, M15))
     assert state.history.increase(M1, 120.0) == before != {}
     assert state.history.increase(M15, 120.0) == {}  # 2 minutes of history: not 15 yet
     for i in range(13, 13 + 6 * 14):
