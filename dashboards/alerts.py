@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards.mixin import Mixin
-from dashboards.queries.moments import rule
-
-ROUTE = "route_model_name"
+from dashboards.queries.moments import rule_name
+from dashboards.queries.spec import ROUTES
 
 
 def _alert(
@@ -34,14 +33,14 @@ def _alert(
 
 def acceptance_drop(mix: Mixin) -> dict[str, Any]:
     drop = mix.acceptance_drop
-    p0 = rule("exact_acceptance", "ratio_rate", "1d")
+    p0 = rule_name("exact_acceptance", "ratio_rate", "1d")
     windows = []
     for w in drop.windows:
-        p = rule("exact_acceptance", "ratio_rate", w)
+        p = rule_name("exact_acceptance", "ratio_rate", w)
         windows.append(
             f"(\n  ({p0} - on (route, model_name) {p}) / on (route, model_name) {p0} > {drop.fraction}\n"
-            f"  and on (route, model_name) {rule('acceptance_drop', 'zscore_rate', w)} > {drop.z}\n"
-            f"  and on (route, model_name) {rule('spec_requests', 'increase', w)} >= {drop.min_requests}\n)"
+            f"  and on (route, model_name) {rule_name('acceptance_drop', 'zscore_rate', w)} > {drop.z}\n"
+            f"  and on (route, model_name) {rule_name('spec_requests', 'increase', w)} >= {drop.min_requests}\n)"
         )
     return _alert(
         mix,
@@ -60,8 +59,8 @@ def acceptance_drop(mix: Mixin) -> dict[str, Any]:
 def runaway_generations(mix: Mixin) -> dict[str, Any]:
     runaway = mix.runaway
     w = runaway.window
-    share = rule("runaway_requests", "share_rate", w)
-    base = rule("runaway_requests", "share_rate", "1d")
+    share = rule_name("runaway_requests", "share_rate", w)
+    base = rule_name("runaway_requests", "share_rate", "1d")
     expr = (
         f"{share} > {runaway.share}\n"
         f"and on (route, model_name) {share} > on (route, model_name) {runaway.over_baseline:g} * {base}\n"
@@ -82,12 +81,12 @@ def runaway_generations(mix: Mixin) -> dict[str, Any]:
 
 def acceptance_collapsed(mix: Mixin) -> dict[str, Any]:
     collapsed, w = mix.collapsed, mix.runaway.window
-    share = rule("collapsed_requests", "share_rate", w)
+    share = rule_name("collapsed_requests", "share_rate", w)
     expr = (
         f"{share} >= {collapsed.share}\n"
-        f"and on (route, model_name) {rule('collapsed_requests', 'share_rate', '1d')} < {collapsed.baseline}\n"
-        f"and on (route, model_name) {rule('exact_acceptance', 'ratio_rate', '1d')} >= {collapsed.normal_acceptance}\n"
-        f"and on (route, model_name) {rule('spec_requests', 'increase', w)} >= {mix.acceptance_drop.min_requests}"
+        f"and on (route, model_name) {rule_name('collapsed_requests', 'share_rate', '1d')} < {collapsed.baseline}\n"
+        f"and on (route, model_name) {rule_name('exact_acceptance', 'ratio_rate', '1d')} >= {collapsed.normal_acceptance}\n"
+        f"and on (route, model_name) {rule_name('spec_requests', 'increase', w)} >= {mix.acceptance_drop.min_requests}"
     )
     return _alert(
         mix,
@@ -139,11 +138,11 @@ def costly_at_load(mix: Mixin) -> dict[str, Any]:
     is S x (1 + (1 - 1/T) x half-width / acceptance)."""
     w = "5m"
     upper = (
-        f"{ROUTE}:specdec_route_estimated_speedup:ratio_rate{w}\n"
+        f"{ROUTES.rule_name('estimated_speedup', f'ratio_rate{w}')}\n"
         f"* on (route, model_name) (\n"
-        f"  {ROUTE}:specdec_route_acceptance_ci_halfwidth:rate{w}\n"
-        f"  / on (route, model_name) {ROUTE}:specdec_route_exact_acceptance:ratio_rate{w}\n"
-        f"  * on (route, model_name) (1 - 1 / {ROUTE}:specdec_route_tokens_per_step:ratio_rate{w})\n"
+        f"  {ROUTES.rule_name('acceptance_ci_halfwidth', f'rate{w}')}\n"
+        f"  / on (route, model_name) {ROUTES.rule_name('exact_acceptance', f'ratio_rate{w}')}\n"
+        f"  * on (route, model_name) (1 - 1 / {ROUTES.rule_name('tokens_per_step', f'ratio_rate{w}')})\n"
         f"  + 1\n)"
     )
     return _alert(
@@ -168,8 +167,8 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
         _alert(
             mix,
             "SpecDecodeBelowBreakEven",
-            f"{ROUTE}:specdec_route_estimated_speedup:ratio_rate1h < 1\n"
-            f"and on (route, model_name) ({ROUTE}:specdec_route_requests:rate5m * 300) >= {mix.min_requests_5m}",
+            f"{ROUTES.rule_name('estimated_speedup', 'ratio_rate1h')} < 1\n"
+            f"and on (route, model_name) ({ROUTES.rule_name('requests', 'rate5m')} * 300) >= {mix.min_requests_5m}",
             waits.below_breakeven,
             "warning",
             "Speculation costs more than it saves on route {{ $labels.route }}",

@@ -31,7 +31,7 @@ from dashboards.panels import (
     steps,
     timeseries,
 )
-from dashboards.queries import panels as Q
+from dashboards.queries import panel_queries as Q
 
 NAME = "engine"  # its uid: the mixin's prefix, then this
 LEGEND = "{{model_name}} engine {{engine}}"

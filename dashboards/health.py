@@ -28,7 +28,7 @@ from dashboards.panels import (
     timeseries,
     up_mappings,
 )
-from dashboards.queries import panels as Q
+from dashboards.queries import panel_queries as Q
 
 NAME = "health"  # its uid: the mixin's prefix, then this
 NO_SIDECAR = "No sidecar scraped"

@@ -29,7 +29,7 @@ NO_FULL_WINDOW = "No traffic over a full window"  # panels whose figures wait fo
 
 def no_value_for(queries: Sequence[tuple[str, str]]) -> str:
     """What an empty panel says: a panel of full-window figures (an `offset` history guard, see
-    dashboards/queries/panels.py) is also empty while its routes or engines are young, and
+    dashboards/queries/panel_queries.py) is also empty while its routes or engines are young, and
     says how much history it waits for."""
     windows = sorted(
         {

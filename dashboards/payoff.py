@@ -30,7 +30,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import panels as Q
+from dashboards.queries import panel_queries as Q
 
 NAME = "payoff"  # its uid: the mixin's prefix, then this
 ROUTE_LEGEND = "{{route}} ({{model_name}})"

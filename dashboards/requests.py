@@ -27,7 +27,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import panels as Q
+from dashboards.queries import panel_queries as Q
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 
 NAME = "requests"  # its uid: the mixin's prefix, then this

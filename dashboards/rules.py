@@ -12,10 +12,10 @@ from typing import Any
 import yaml
 
 from dashboards.alerts import acceptance_drop, alert_groups
+from dashboards.labels import RULE_WINDOWS
 from dashboards.mixin import DEFAULT, Mixin, seconds
 from dashboards.queries import moments, spec
-from dashboards.queries.moments import rule
-from dashboards.selectors import RULE_WINDOWS
+from dashboards.queries.moments import rule_name
 
 DASHBOARD_WINDOW = "5m"  # the Requests dashboard's band
 
@@ -39,24 +39,24 @@ def request_level_rules(mix: Mixin) -> list[dict[str, Any]]:
     out = []
     for w in stderr_windows(mix):
         out += [
-            record(rule("exact_acceptance", "ratio_rate", w), moments.exact_acceptance(w)),
-            record(rule("spec_requests", "increase", w), moments.spec_requests(w)),
-            record(rule("effective_requests", "delta", w), moments.effective_requests(w)),
-            record(rule("acceptance_stderr", "rate", w), moments.acceptance_stderr(w)),
-            record(rule("acceptance_ci_halfwidth", "rate", w), moments.ci_halfwidth(w)),
+            record(rule_name("exact_acceptance", "ratio_rate", w), moments.exact_acceptance(w)),
+            record(rule_name("spec_requests", "increase", w), moments.spec_requests(w)),
+            record(rule_name("effective_requests", "delta", w), moments.effective_requests(w)),
+            record(rule_name("acceptance_stderr", "rate", w), moments.acceptance_stderr(w)),
+            record(rule_name("acceptance_ci_halfwidth", "rate", w), moments.ci_halfwidth(w)),
         ]
     for w in mix.acceptance_drop.windows:
         out += [
-            record(rule("acceptance_stderr_baseline", "rate", w), moments.baseline_stderr(w)),
-            record(rule("acceptance_drop", "zscore_rate", w), moments.drop_zscore(w)),
+            record(rule_name("acceptance_stderr_baseline", "rate", w), moments.baseline_stderr(w)),
+            record(rule_name("acceptance_drop", "zscore_rate", w), moments.drop_zscore(w)),
         ]
     for w in (mix.runaway.window,):
         out += [
             record(
-                rule("runaway_requests", "share_rate", w),
+                rule_name("runaway_requests", "share_rate", w),
                 moments.share("specdec_route_runaway_requests_total", w),
             ),
-            record(rule("collapsed_requests", "share_rate", w), moments.collapsed_share(w)),
+            record(rule_name("collapsed_requests", "share_rate", w), moments.collapsed_share(w)),
         ]
     return out
 
@@ -64,15 +64,16 @@ def request_level_rules(mix: Mixin) -> list[dict[str, Any]]:
 def baseline_rules() -> list[dict[str, Any]]:
     """The routes' own day: what the request-level alerts compare against."""
     return [
-        record(rule("exact_acceptance", "ratio_rate", "1d"), moments.exact_acceptance("1d")),
+        record(rule_name("exact_acceptance", "ratio_rate", "1d"), moments.exact_acceptance("1d")),
         record(
-            rule("request_residual_variance", "ratio_rate", "1d"), moments.residual_variance_1d()
+            rule_name("request_residual_variance", "ratio_rate", "1d"),
+            moments.residual_variance_1d(),
         ),
         record(
-            rule("runaway_requests", "share_rate", "1d"),
+            rule_name("runaway_requests", "share_rate", "1d"),
             moments.share("specdec_route_runaway_requests_total", "1d"),
         ),
-        record(rule("collapsed_requests", "share_rate", "1d"), moments.collapsed_share("1d")),
+        record(rule_name("collapsed_requests", "share_rate", "1d"), moments.collapsed_share("1d")),
     ]
 
 
@@ -81,31 +82,31 @@ def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
     for scope in (spec.ROUTES, spec.ENGINES):
         lvl = scope.level
         rules = [
-            record(f"{lvl}:{scope.prefix}acceptance:ratio_rate{w}", spec.acceptance(scope, w))
+            record(scope.rule_name("acceptance", f"ratio_rate{w}"), spec.acceptance(scope, w))
             for w in RULE_WINDOWS
         ]
         for w in ("5m", "1h"):
             rules += [
                 record(
-                    f"{lvl}:{scope.prefix}tokens_per_step:ratio_rate{w}",
+                    scope.rule_name("tokens_per_step", f"ratio_rate{w}"),
                     spec.tokens_per_step(scope, w),
                 ),
                 record(
-                    f"{lvl}_position:{scope.prefix}position_acceptance:ratio_rate{w}",
+                    scope.rule_name("position_acceptance", f"ratio_rate{w}", per_position=True),
                     spec.position_acceptance(scope, w),
                 ),
                 record(
-                    f"{lvl}:{scope.prefix}estimated_speedup:ratio_rate{w}",
+                    scope.rule_name("estimated_speedup", f"ratio_rate{w}"),
                     spec.estimated_speedup(scope, w),
                 ),
                 record(
-                    f"{lvl}:{scope.prefix}rejected_draft_tokens:rate{w}",
+                    scope.rule_name("rejected_draft_tokens", f"rate{w}"),
                     spec.rejected_per_second(scope, w),
                 ),
             ]
         rules.append(
             record(
-                f"{lvl}:{scope.prefix}draft_tokens:rate1m",
+                scope.rule_name("draft_tokens", "rate1m"),
                 spec.draft_tokens_per_second(scope, "1m"),
             )
         )
@@ -122,19 +123,15 @@ def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
             "interval": "1m",  # a day-long rate changes slowly: evaluate it less often
             "rules": [
                 record(
-                    f"{route.level}:specdec_route_acceptance:ratio_rate1d",
+                    route.rule_name("acceptance", "ratio_rate1d"),
                     spec.acceptance(route, "1d"),
                 ),
+                record(route.rule_name("requests", "rate5m"), spec.requests_per_second("5m")),
                 record(
-                    f"{route.level}:specdec_route_requests:rate5m", spec.requests_per_second("5m")
-                ),
-                record(
-                    f"{route.level}:specdec_route_decode_tokens_per_second:ratio_rate5m",
+                    route.rule_name("decode_tokens_per_second", "ratio_rate5m"),
                     spec.decode_tokens_per_second("5m"),
                 ),
-                record(
-                    f"{route.level}:specdec_route_speedup:ratio_rate5m", spec.measured_speedup("5m")
-                ),
+                record(route.rule_name("speedup", "ratio_rate5m"), spec.measured_speedup("5m")),
                 *baseline_rules(),
             ],
         }

@@ -23,17 +23,17 @@ tiny SE).
 
 from __future__ import annotations
 
+from dashboards.labels import ROUTE
 from dashboards.promql import by, ratio, sum_rate
-from dashboards.selectors import ROUTE
+from dashboards.queries import spec
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS, T_975_TERMS
 
-LEVEL = "route_model_name"
 EXACT = 'source="exact"'
 
 
-def rule(figure: str, op: str, window: str) -> str:
-    """The recorded name of a figure, e.g. rule("exact_acceptance", "ratio_rate", "1m")."""
-    return f"{LEVEL}:specdec_route_{figure}:{op}{window}"
+def rule_name(figure: str, op: str, window: str) -> str:
+    """A route figure's recorded name, e.g. rule_name("exact_acceptance", "ratio_rate", "1m")."""
+    return spec.ROUTES.rule_name(figure, f"{op}{window}")
 
 
 def _rate(counter: str, window: str, sel: str = "") -> str:
@@ -99,7 +99,7 @@ def acceptance_stderr(window: str) -> str:
     """The window's own cluster-robust SE of the exact acceptance, with the small-sample
     factor of its lengths; absent below MIN_EFFECTIVE_REQUESTS effective requests."""
     d = _deltas(window)
-    n = f"({rule('effective_requests', 'delta', window)} >= {MIN_EFFECTIVE_REQUESTS:g})"
+    n = f"({rule_name('effective_requests', 'delta', window)} >= {MIN_EFFECTIVE_REQUESTS:g})"
     p = f"({d['A']}\n/ ({d['T']} > 0))"
     residual = f"(\n{d['aa']}\n- 2 * {p} * {d['at']}\n+ {p} ^ 2 * {d['tt']}\n)"
     kept = f"(1 - 2 * {d['ttt']} / ({d['T']} * {d['tt']}) + on (route, model_name) 1 / {n})"
@@ -109,18 +109,18 @@ def acceptance_stderr(window: str) -> str:
 def ci_halfwidth(window: str) -> str:
     """t(0.975, n_eff - 1) x SE: Student's quantile by its Cornish-Fisher series in 1 / df
     (the same terms as exporter/core/stats.py)."""
-    df = f"({rule('effective_requests', 'delta', window)} - 1)"
+    df = f"({rule_name('effective_requests', 'delta', window)} - 1)"
     terms = " + ".join(
         f"{term:.10g}" if power == 0 else f"{term:.10g} / {df} ^ {power}"
         for power, term in enumerate(T_975_TERMS)
     )
-    return f"({terms})\n* on (route, model_name) {rule('acceptance_stderr', 'rate', window)}"
+    return f"({terms})\n* on (route, model_name) {rule_name('acceptance_stderr', 'rate', window)}"
 
 
 def residual_variance_1d() -> str:
     """The day's per-request variance of a_i - p t_i (p the day's acceptance): what one
     request adds to a window's sum of squares when nothing has changed."""
-    p = rule("exact_acceptance", "ratio_rate", "1d")
+    p = rule_name("exact_acceptance", "ratio_rate", "1d")
     return f"{residual(p, '1d')}\n/\n({_moments('1d')['m']} > 0)"
 
 
@@ -128,15 +128,15 @@ def baseline_stderr(window: str) -> str:
     """The SE the day's per-request spread predicts for the window's requests: sqrt(d_m q) /
     d_T, from the same samples as the window's own SE."""
     d = _deltas(window)
-    q = rule("request_residual_variance", "ratio_rate", "1d")
+    q = rule_name("request_residual_variance", "ratio_rate", "1d")
     return f"sqrt({d['m']} * on (route, model_name) {q})\n/ ({d['T']} > 0)"
 
 
 def drop_zscore(window: str) -> str:
     """(day's acceptance - window's) / the larger of the window's own and predicted SE."""
-    own = rule("acceptance_stderr", "rate", window)
-    predicted = rule("acceptance_stderr_baseline", "rate", window)
-    p, p0 = (rule("exact_acceptance", "ratio_rate", w) for w in (window, "1d"))
+    own = rule_name("acceptance_stderr", "rate", window)
+    predicted = rule_name("acceptance_stderr_baseline", "rate", window)
+    p, p0 = (rule_name("exact_acceptance", "ratio_rate", w) for w in (window, "1d"))
     return f"({p0} - on (route, model_name) {p})\n/ on (route, model_name)\n(({own} >= {predicted}) or {predicted})"
 
 

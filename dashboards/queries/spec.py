@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dashboards.labels import ENGINE, ROUTE
 from dashboards.promql import by, ratio, sum_rate
-from dashboards.selectors import ENGINE, ROUTE
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,12 @@ class Scope:
 
     def counter(self, name: str) -> str:
         return f"{self.prefix}{name}_total"
+
+    def rule_name(self, figure: str, suffix: str, per_position: bool = False) -> str:
+        """A recording rule's name, built here only: e.g. rule_name("acceptance",
+        "ratio_rate5m") -> route_model_name:specdec_route_acceptance:ratio_rate5m."""
+        level = f"{self.level}_position" if per_position else self.level
+        return f"{level}:{self.prefix}{figure}:{suffix}"
 
 
 ROUTES = Scope("route_model_name", "specdec_route_", ROUTE)

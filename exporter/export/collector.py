@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+ROUTE_LABELS = ["route", "model_name"]  # every per-route family's labels, first
+
 
 class FamiliesCollector(Collector):
     def collect(self) -> Iterator[Metric]:

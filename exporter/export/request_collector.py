@@ -15,10 +15,9 @@ from prometheus_client.core import (
 )
 
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS
-from exporter.export.collector import FamiliesCollector
+from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import RUNAWAY_ACCEPTANCE, Accounting
 
-ROUTE = ["route", "model_name"]
 MOMENTS = (  # family, help, field of RequestMoments: the names are a contract
     (
         "specdec_route_spec_requests",
@@ -57,7 +56,7 @@ class RequestCollector(FamiliesCollector):
     def collect(self) -> Iterator[Metric]:
         acc = self.accounting
         for name, doc, attribute in MOMENTS:
-            family = CounterMetricFamily(name, doc, labels=ROUTE)
+            family = CounterMetricFamily(name, doc, labels=ROUTE_LABELS)
             for key, moments in sorted(acc.moments.items()):
                 family.add_metric(list(key), getattr(moments, attribute))
             yield family
@@ -65,7 +64,7 @@ class RequestCollector(FamiliesCollector):
             "specdec_route_requests_below_breakeven",
             "Requests whose own tokens per step / the model's step_cost_ratio < 1: speculation "
             "made them slower (models with a config only).",
-            labels=ROUTE,
+            labels=ROUTE_LABELS,
         )
         # every route with exact requests gets both counters from 0, so the first one counts
         # in rate() and a share has its denominator's series to divide
@@ -75,14 +74,14 @@ class RequestCollector(FamiliesCollector):
             "specdec_route_runaway_requests",
             f"Requests cut by max_tokens (finish_reason length) with acceptance >= "
             f"{RUNAWAY_ACCEPTANCE}: the signature of a repetition loop.",
-            labels=ROUTE,
+            labels=ROUTE_LABELS,
         )
         for key in sorted(acc.moments):
             runaway.add_metric(list(key), float(acc.runaway[key]))
         histogram = HistogramMetricFamily(
             "specdec_route_request_acceptance_ratio",
             "Per request: accepted / draft tokens (requests with at least one draft token).",
-            labels=ROUTE,
+            labels=ROUTE_LABELS,
         )
         for key, buckets in sorted(acc.acceptance.items()):
             histogram.add_metric(list(key), buckets.cumulative(), buckets.sum)
@@ -90,7 +89,7 @@ class RequestCollector(FamiliesCollector):
         yield from self._windows()
 
     def _windows(self) -> Iterator[Metric]:
-        labels = [*ROUTE, "window"]
+        labels = [*ROUTE_LABELS, "window"]
         acceptance = GaugeMetricFamily(
             "specdec_route_exact_acceptance_ratio",
             "Accepted / draft tokens over the window of the route's requests with exact counts: "

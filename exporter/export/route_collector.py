@@ -21,11 +21,9 @@ from exporter.core.payoff import (
     speedups_by_draft_length,
 )
 from exporter.core.stats import Interval, RequestMoments
-from exporter.export.collector import FamiliesCollector
+from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
-
-ROUTE = ["route", "model_name"]
 
 
 def _by_draft_length(c: Counts, payoff: Speedups, interval: Interval | None) -> list[DraftLength]:
@@ -67,7 +65,7 @@ class RouteCollector(FamiliesCollector):
             "specdec_route_requests",
             "Completion requests through the proxy by HTTP status (499: the client hung up) and "
             "finish_reason (stop, length, tool_calls, abort, other).",
-            labels=[*ROUTE, "status", "finish_reason"],
+            labels=[*ROUTE_LABELS, "status", "finish_reason"],
         )
         for request_labels, n in sorted(acc.requests.items()):
             requests.add_metric(list(request_labels), float(n))
@@ -79,12 +77,12 @@ class RouteCollector(FamiliesCollector):
             "flag is off, or something upstream strips the object), unknown_shape, tokens_only "
             "(llama.cpp: its own draft and accepted tokens, steps estimated), engine_sends_none "
             "(TensorRT-LLM).",
-            labels=[*ROUTE, "reason"],
+            labels=[*ROUTE_LABELS, "reason"],
         )
         for reason_labels, n in sorted(acc.without_exact.items()):
             without.add_metric(list(reason_labels), float(n))
         yield without
-        spec = [*ROUTE, "source"]
+        spec = [*ROUTE_LABELS, "source"]
         drafts = CounterMetricFamily(
             "specdec_route_drafts",
             "Verify steps of the route's requests "
@@ -113,9 +111,9 @@ class RouteCollector(FamiliesCollector):
                     per_pos.add_metric([*labels, str(i)], v)
         yield from (drafts, tokens, accepted, per_pos)
         generated = CounterMetricFamily(
-            "specdec_route_generation_tokens", "Completion tokens returned.", labels=ROUTE
+            "specdec_route_generation_tokens", "Completion tokens returned.", labels=ROUTE_LABELS
         )
-        sourced = [*ROUTE, "source"]
+        sourced = [*ROUTE_LABELS, "source"]
         decode_tokens = CounterMetricFamily(
             "specdec_route_decode_tokens",
             "Streamed requests' completion tokens after their first content event (decode rate "
@@ -157,13 +155,13 @@ class RouteCollector(FamiliesCollector):
                 acc.decode_rate,
             ),
         ):
-            family = HistogramMetricFamily(name, doc, labels=ROUTE)
+            family = HistogramMetricFamily(name, doc, labels=ROUTE_LABELS)
             for key, buckets in sorted(table.items()):
                 family.add_metric(list(key), buckets.cumulative(), buckets.sum)
             yield family
 
     def _windows(self) -> Iterator[Metric]:
-        labels = [*ROUTE, "window"]
+        labels = [*ROUTE_LABELS, "window"]
         acceptance = GaugeMetricFamily(
             "specdec_route_acceptance_ratio",
             "Accepted / proposed draft tokens of the route over the window.",

@@ -28,7 +28,7 @@ from dashboards.panels import (
     OLD_PANEL_KEYS,
     OLD_VARIABLE_KEYS,
 )
-from dashboards.queries import panels as Q
+from dashboards.queries import panel_queries as Q
 from tests.dashboards_ts import generate
 from tests.helpers import need_tool
 from tests.integration.live import (

@@ -1,7 +1,7 @@
-"""The dashboards' full-window guard (dashboards/queries/panels.py `full_window`), by promtool on
-series of known age: a route or engine younger than a figure's window has no point yet, an old
-one has, and the young one shows once its window is full. The expressions are the dashboards'
-own, with their variables at "All"."""
+"""The dashboards' full-window guard (dashboards/queries/panel_queries.py `full_window`), by
+promtool on series of known age: a route or engine younger than a figure's window has no point
+yet, an old one has, and the young one shows once its window is full. The expressions are the
+dashboards' own, with their variables at "All"."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 
 from dashboards import engine, payoff
 from dashboards.live import substitute
-from dashboards.queries import panels as Q
+from dashboards.queries import panel_queries as Q
 from tests.helpers import need_tool
 
 pytestmark = pytest.mark.promtool

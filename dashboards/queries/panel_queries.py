@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
+from dashboards.labels import ENGINE
 from dashboards.promql import by, ratio, sum_rate
 from dashboards.queries import moments, spec
-from dashboards.selectors import ENGINE
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 
 RATE = "$__rate_interval"
@@ -50,27 +50,27 @@ def full_window(
     return f"(\n{expr}\nand on ({labels}) group by ({labels}) ({history})\n)"
 
 
-def rule(
+def recorded(
     scope: spec.Scope, figure: str, suffix: str, per_position: bool = False, offset: str = ""
 ) -> str:
-    """A recording rule of dashboards/rules.py, e.g. rule(ROUTES, "acceptance", "ratio_rate5m"),
-    over a full window (`full_window`); or as it was `offset` ago (a past, full window)."""
-    level = f"{scope.level}_position" if per_position else scope.level
+    """A recording rule's series (dashboards/rules.py) for the dashboards' variables, e.g.
+    recorded(ROUTES, "acceptance", "ratio_rate5m"), over a full window (`full_window`); or as it
+    was `offset` ago (a past, full window)."""
     sel = ROUTE_SEL if scope is spec.ROUTES else ENGINE_SEL
-    recorded = f"{level}:{scope.prefix}{figure}:{suffix}{{{sel}}}"
+    series = f"{scope.rule_name(figure, suffix, per_position)}{{{sel}}}"
     if offset:
-        return f"{recorded} offset {offset}"
+        return f"{series} offset {offset}"
     window = WINDOW_SUFFIX.search(suffix)
     assert window is not None, suffix
-    return full_window(recorded, scope, window.group(1))
+    return full_window(series, scope, window.group(1))
 
 
 def route_rule(figure: str, suffix: str, offset: str = "") -> str:
-    return rule(spec.ROUTES, figure, suffix, offset=offset)
+    return recorded(spec.ROUTES, figure, suffix, offset=offset)
 
 
 def engine_rule(figure: str, suffix: str, per_position: bool = False) -> str:
-    return rule(spec.ENGINES, figure, suffix, per_position)
+    return recorded(spec.ENGINES, figure, suffix, per_position)
 
 
 # --- model config gauges (from the sidecar's `models:` section) --------------------------
@@ -264,7 +264,9 @@ def sidecar_fds() -> str:
 def exact_rule(figure: str, op: str, window: str) -> str:
     """A request-level recording rule (dashboards/queries/moments.py), filtered by route, over
     a full window."""
-    return full_window(f"{moments.rule(figure, op, window)}{{{ROUTE_SEL}}}", spec.ROUTES, window)
+    return full_window(
+        f"{moments.rule_name(figure, op, window)}{{{ROUTE_SEL}}}", spec.ROUTES, window
+    )
 
 
 def acceptance_now(window: str) -> str:
