@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from exporter.config import ModelConfig
@@ -270,33 +270,14 @@ class Accounting:
         """
         for model, engine in engine_by_model.items():
             # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
-            engine_accepted, engine_tokens = engine.accepted, engine.draft_tokens
-            engine_steps = engine.drafts
-            if engine_steps is None or engine_steps <= 0:
-                continue
-            if engine_accepted is None or engine_tokens is None:
+            steps, accepted, tokens = engine.drafts, engine.accepted, engine.draft_tokens
+            if steps is None or steps <= 0 or accepted is None or tokens is None:
                 continue
 
             def served(key: RouteKey, model: str = model) -> bool:
                 return model == "" or key[1] == model
 
-            engine_tokens_per_step = 1 + engine_accepted / engine_steps
-            per_step = engine_tokens / engine_steps or 1.0
-            self._draft_tokens_per_step[model] = per_step
-            for key in [k for k in self._drafted if served(k)]:
-                # llama.cpp's requests: their steps weigh in at the engine's draft tokens per
-                # step (their draft and accepted tokens are exact already)
-                tokens = self._drafted.pop(key)
-                self._weights.setdefault(key, _Weight()).steps += tokens / per_step
-            for key in [k for k in self._tokens_only if served(k)]:
-                # no increments (not streamed): the route's own streamed tokens per step, or
-                # the engine's average when the route streamed nothing yet
-                tokens = self._tokens_only.pop(key)
-                weight = self._weights.setdefault(key, _Weight())
-                seen = self._streamed.get(key)
-                per_step = (seen and seen.tokens_per_step) or engine_tokens_per_step
-                weight.steps += tokens / per_step
-                weight.accepted += tokens - tokens / per_step
+            self._weigh(model, served, 1 + accepted / steps, tokens / steps or 1.0)
             weights = {k: w for k, w in self._weights.items() if served(k)}
             if not weights:
                 continue
@@ -305,27 +286,51 @@ class Accounting:
                 if model == ""
                 else self._exact_by_model.get(model, Counts())
             )
-            unexplained = _vector(engine - explained)
-            given = {k: _vector(self.estimated.get(k, Counts()), len(unexplained)) for k in weights}
-            steps = sum(w.steps for w in weights.values())
-            accepted = sum(w.accepted for w in weights.values())
-            even = 1 / len(weights)
-            for index, work in enumerate(unexplained):
-                if index == 2:  # accepted tokens follow the estimated accepted tokens
-                    share = {
-                        k: w.accepted / accepted if accepted else even for k, w in weights.items()
-                    }
-                else:  # drafts, draft tokens and positions follow the estimated steps
-                    share = {k: w.steps / steps if steps else even for k, w in weights.items()}
-                available = work - sum(g[index] for g in given.values())
-                deficits = {k: max(0.0, work * share[k] - given[k][index]) for k in weights}
-                owed = sum(deficits.values())
-                if available > 0 and owed > 0:
-                    scale = min(1.0, available / owed)
-                    for k in weights:
-                        given[k][index] += deficits[k] * scale
-            for k, vector in given.items():
-                self.estimated[k] = Counts(vector[0], vector[1], vector[2], tuple(vector[3:]))
+            self._share_out(_vector(engine - explained), weights)
+
+    def _weigh(
+        self,
+        model: str,
+        served: Callable[[RouteKey], bool],
+        tokens_per_step: float,
+        draft_tokens_per_step: float,
+    ) -> None:
+        """Turn the requests without steps of `model` into estimated weights: llama.cpp's
+        (exact draft tokens) at the engine's draft tokens per step; the unstreamed ones (tokens
+        only) at the route's own streamed tokens per step, else the engine's."""
+        self._draft_tokens_per_step[model] = draft_tokens_per_step
+        for key in [k for k in self._drafted if served(k)]:
+            drafted = self._drafted.pop(key)
+            self._weights.setdefault(key, _Weight()).steps += drafted / draft_tokens_per_step
+        for key in [k for k in self._tokens_only if served(k)]:
+            produced = self._tokens_only.pop(key)
+            weight = self._weights.setdefault(key, _Weight())
+            seen = self._streamed.get(key)
+            per_step = (seen and seen.tokens_per_step) or tokens_per_step
+            weight.steps += produced / per_step
+            weight.accepted += produced - produced / per_step
+
+    def _share_out(self, unexplained: list[float], weights: dict[RouteKey, _Weight]) -> None:
+        """Raise each route's estimated counts toward its share of `unexplained` (a `_vector`),
+        never lowering one: accepted tokens by the estimated accepted tokens, the rest (drafts,
+        draft tokens, positions) by the estimated steps."""
+        given = {k: _vector(self.estimated.get(k, Counts()), len(unexplained)) for k in weights}
+        steps = sum(w.steps for w in weights.values())
+        accepted = sum(w.accepted for w in weights.values())
+        even = 1 / len(weights)
+        by_steps = {k: w.steps / steps if steps else even for k, w in weights.items()}
+        by_accepted = {k: w.accepted / accepted if accepted else even for k, w in weights.items()}
+        for index, work in enumerate(unexplained):
+            share = by_accepted if index == ACCEPTED_AT else by_steps
+            available = work - sum(g[index] for g in given.values())
+            deficits = {k: max(0.0, work * share[k] - given[k][index]) for k in weights}
+            owed = sum(deficits.values())
+            if available > 0 and owed > 0:
+                scale = min(1.0, available / owed)
+                for k in weights:
+                    given[k][index] += deficits[k] * scale
+        for k, vector in given.items():
+            self.estimated[k] = Counts(vector[0], vector[1], vector[ACCEPTED_AT], tuple(vector[3:]))
 
     def snapshot(self) -> dict[RouteKey, Counts]:
         """Exact plus estimated counts per route: what the rolling windows are computed on."""
@@ -344,6 +349,9 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+ACCEPTED_AT = 2  # where `_vector` puts the accepted tokens
 
 
 def _vector(c: Counts, width: int = 0) -> list[float]:
