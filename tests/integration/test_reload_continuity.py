@@ -74,14 +74,16 @@ async def test_the_1m_acceptance_is_continuous_across_a_sighup_that_adds_a_windo
                               window="1m")  # fmt: skip
                 return target, route
 
-            async def ready() -> bool:
+            async def ready(url: str) -> bool:
                 try:
-                    async with session.get(metrics.replace("/metrics", "/-/ready")) as resp:
+                    async with session.get(url) as resp:
                         return resp.status == 200
                 except aiohttp.ClientError:
                     return False
 
-            await eventually(ready, timeout=30)
+            # both children up before traffic: the sidecar's readiness says nothing of the sim
+            await eventually(lambda: ready(f"{sim}/health"), timeout=30)
+            await eventually(lambda: ready(metrics.replace("/metrics", "/-/ready")), timeout=30)
             stop = asyncio.Event()
             sender = asyncio.create_task(traffic(session, f"http://127.0.0.1:{proxy_port}", stop))
             deadline = time.monotonic() + 120
