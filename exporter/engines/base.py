@@ -61,13 +61,12 @@ class RequestFigures:
 @dataclass(frozen=True, slots=True)
 class Response:
     """What the proxy read of a finished 200: the decoded body (or a stream's usage event),
-    whether it streamed, the per-request details a stream carried in an event of their own,
-    llama.cpp-style timings, and whether the request asked for one choice."""
+    whether it streamed, the per-request details a stream carried in an event of their own, and
+    whether the request asked for one choice."""
 
     doc: Mapping[str, Any]
     streamed: bool
     streamed_details: object
-    timings: Mapping[str, Any]
     single: bool
 
 

@@ -43,7 +43,7 @@ def request_outcome(
         without = reasons.UNREAD
     elif status == "200":
         streamed = tap.spec_details if tap is not None else None
-        figures = engine.request_figures(Response(doc, tap is not None, streamed, timings, single))
+        figures = engine.request_figures(Response(doc, tap is not None, streamed, single))
         exact, without, choices = figures.exact, figures.without, figures.choices
     draft_length = acc.draft_length(model)
     if exact is not None and not fits(exact, draft_length, tokens, choices):
