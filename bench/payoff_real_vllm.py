@@ -118,12 +118,12 @@ def main() -> int:
     print(f"servers up in {time.monotonic() - t0:.0f} s", flush=True)
     spec, plain = (f"http://127.0.0.1:{p}" for p in (spec_port, plain_port))
     try:
-        pack = work / "pack.jsonl"  # the built-in prompts, 128-token cap (max-model-len 1024)
+        pack = work / "pack.jsonl"  # the routes' own prompts and caps: the curve of this traffic
         pack.write_text(
             "".join(
-                json.dumps({"name": n, "max_tokens": 128, "system": builtin(n).system,
+                json.dumps({"name": n, "max_tokens": cap, "system": builtin(n).system,
                             "prompts": list(builtin(n).prompts)}, ensure_ascii=False) + "\n"
-                for n in ("ja_chat", "code_agent")
+                for n, cap, _ in ROUTES.values()
             ),
             encoding="utf-8",
         )  # fmt: skip
@@ -155,7 +155,7 @@ def main() -> int:
             print("level route        A/B    estimated measured  single-stream")
             for c in levels:
                 on, off, page = alternate(
-                    f"http://127.0.0.1:{proxy_port}", spec, MODEL, c, args.phase,
+                    f"http://127.0.0.1:{proxy_port}", plain, MODEL, c, args.phase,
                     lambda: samples(http_get(metrics)),
                 )  # fmt: skip
                 for route in ROUTES:

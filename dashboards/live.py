@@ -130,13 +130,20 @@ def resolve_variables(
         elif var.get("allValue"):
             values[name] = str(var["allValue"])
         else:
-            query = substitute(str(var["query"]), values)
-            match = re.fullmatch(r"label_values\((.*),\s*(\w+)\s*\)", query, re.DOTALL)
-            if match is None:
-                raise ValueError(f"variable {name}: cannot resolve {query!r}")
-            found = label_values(base, match.group(1), match.group(2), start, end)
+            found = variable_values(var, base, values, start, end)
             values[name] = "(" + "|".join(regex_escape(v) for v in found) + ")" if found else ""
     return values
+
+
+def variable_values(
+    var: JSON, base: str, values: dict[str, str], start: float, end: float
+) -> list[str]:
+    """The values a query variable's label_values() finds, with earlier variables' `values`."""
+    query = substitute(str(var["query"]), values)
+    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\s*\)", query, re.DOTALL)
+    if match is None:
+        raise ValueError(f"variable {var['name']}: cannot resolve {query!r}")
+    return label_values(base, match.group(1), match.group(2), start, end)
 
 
 def range_query(base: str, expr: str, start: float, end: float, step: float) -> list[JSON]:

@@ -16,8 +16,10 @@ from dashboards.live import (
     instant,
     panel_queries,
     range_query,
+    regex_escape,
     resolve_variables,
     substitute,
+    variable_values,
 )
 from dashboards.panels import JSON
 
@@ -349,9 +351,13 @@ def _with_values(title: str, values: dict[str, str]) -> str:
         found = values.get(match.group(1))
         if found is None:
             return match.group(0)
-        return "all" if found in (".+", ".*") else ", ".join(found.strip("()").split("|"))
+        shown = ", ".join(found.strip("()").split("|"))
+        return "all" if found in (".+", ".*") else re.sub(r"\\(.)", r"\1", shown)
 
     return re.sub(r"\$(\w+)", value, title)
+
+
+WIDTH_IN, UNIT_IN, HEAD_IN = 22.0, 0.36, 0.6  # 24 columns; one grid unit (30 px); the title
 
 
 def preview(
@@ -361,13 +367,9 @@ def preview(
     from matplotlib.figure import Figure  # type: ignore[import-not-found,unused-ignore]
 
     values = resolve_variables(data, base, values, now - range_s, now)
-    fetch = Fetcher(base, values, range_s, now)
-    panels = data["panels"]
-    rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
-    width_in, unit_in = 22.0, 0.36  # 24 columns; one grid unit of height (30 px in Grafana)
-    head_in = 0.6
-    height_in = rows * unit_in + head_in
-    fig = Figure(figsize=(width_in, height_in), dpi=80, facecolor=BACKGROUND)
+    rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in data["panels"])
+    height_in = rows * UNIT_IN + HEAD_IN
+    fig = Figure(figsize=(WIDTH_IN, height_in), dpi=80, facecolor=BACKGROUND)
     fig.text(
         0.005,
         1 - 0.25 / height_in,
@@ -377,81 +379,112 @@ def preview(
         va="center",
     )
     queries = panel_queries(data)
-    for panel in panels:
-        g = panel["gridPos"]
-        x0, w = g["x"] / 24, g["w"] / 24
-        top = 1 - (head_in + g["y"] * unit_in) / height_in
-        h = g["h"] * unit_in / height_in
-        frame = fig.add_axes((x0 + 0.002, top - h + 0.002, w - 0.004, h - 0.004))
-        frame.set_facecolor(PANEL)
-        frame.set_xticks([])
-        frame.set_yticks([])
-        for spine in frame.spines.values():
-            spine.set_color(GRID)
-        frame.set_title(
-            _with_values(panel.get("title", ""), values),
-            color=TEXT,
-            fontsize=9,
-            loc="left",
-            pad=-12,
-            y=1.0,
-            x=0.01,
-        )
-        kind = panel["type"]
-        left, right, bottom, head = (
-            (0.95, 0.2, 0.45, 0.4) if kind in ("timeseries", "heatmap") else (0.1, 0.1, 0.1, 0.4)
-        )
-        inner = (
-            x0 + left / width_in,
-            top - h + bottom / height_in,
-            w - (left + right) / width_in,
-            h - (bottom + head) / height_in,
-        )
+    for panel, (gx, gy, gw, gh), own in _repeated(data, base, values, range_s, now):
+        x0, w = gx / 24, gw / 24
+        top = 1 - (HEAD_IN + gy * UNIT_IN) / height_in
+        h = gh * UNIT_IN / height_in
+        inner = _draw_frame(fig, panel, _with_values(panel.get("title", ""), own),
+                            (x0, top - h, w, h), height_in)  # fmt: skip
         mine = [q for q in queries if q.panel_id == panel["id"]]
-        no_value = panel["fieldConfig"]["defaults"].get("noValue", "No data")
-        if kind == "timeseries":
-            series = fetch.series(mine)
-            ax = fig.add_axes(inner, facecolor=PANEL)
-            _draw_timeseries(ax, panel, series, now, range_s)
-            _draw_alerts(ax, fetch.alerts(data), now)
-            empty = not series
-        elif kind in ("stat", "bargauge"):
-            latest = fetch.latest(mine)
-            ax = fig.add_axes(inner)
-            ax.set_xlim(0, 1)
-            ax.set_ylim(0, 1)
-            shown = [
-                (legend(q.legend, item["metric"]), float(item["value"][1])) for q, item in latest
-            ]
-            _draw_values(ax, panel, shown)
-            empty = not shown
-        elif kind == "table":
-            latest = fetch.latest(mine)
-            ax = fig.add_axes(inner)
-            _draw_table(ax, panel, latest)
-            empty = not latest
-        elif kind == "heatmap":
-            series = fetch.series(mine)
-            ax = fig.add_axes(inner, facecolor=PANEL)
-            _draw_heatmap(ax, panel, series, now)
-            empty = not series
-        else:
-            continue
-        if empty:
-            ax.text(
-                0.5,
-                0.5,
-                no_value,
-                color=TEXT,
-                ha="center",
-                va="center",
-                fontsize=12,
-                transform=ax.transAxes,
-            )
+        fetch = Fetcher(base, own, range_s, now)
+        _draw_panel(fig, inner, panel, fetch, mine, data)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{data['uid']}.png"
     fig.savefig(path, facecolor=BACKGROUND)
     return path
+
+
+def _draw_frame(
+    fig: Any, panel: JSON, title: str, box: tuple[float, float, float, float], height_in: float
+) -> tuple[float, float, float, float]:
+    """The panel's frame and title at `box` (figure fractions); the box left for its content."""
+    x0, y0, w, h = box
+    frame = fig.add_axes((x0 + 0.002, y0 + 0.002, w - 0.004, h - 0.004))
+    frame.set_facecolor(PANEL)
+    frame.set_xticks([])
+    frame.set_yticks([])
+    for spine in frame.spines.values():
+        spine.set_color(GRID)
+    frame.set_title(title, color=TEXT, fontsize=9, loc="left", pad=-12, y=1.0, x=0.01)
+    axes = panel["type"] in ("timeseries", "heatmap")  # room for tick labels
+    left, right, bottom, head = (0.95, 0.2, 0.45, 0.4) if axes else (0.1, 0.1, 0.1, 0.4)
+    return (
+        x0 + left / WIDTH_IN,
+        y0 + bottom / height_in,
+        w - (left + right) / WIDTH_IN,
+        h - (bottom + head) / height_in,
+    )
+
+
+def _draw_panel(
+    fig: Any, inner: tuple[float, float, float, float], panel: JSON, fetch: Fetcher,
+    mine: list[Query], data: JSON,
+) -> None:  # fmt: skip
+    """The panel's content as its type draws it, or its noValue text when nothing came."""
+    kind, now = panel["type"], fetch.now
+    if kind == "timeseries":
+        series = fetch.series(mine)
+        ax = fig.add_axes(inner, facecolor=PANEL)
+        _draw_timeseries(ax, panel, series, now, fetch.range_s)
+        _draw_alerts(ax, fetch.alerts(data), now)
+        empty = not series
+    elif kind in ("stat", "bargauge"):
+        latest = fetch.latest(mine)
+        ax = fig.add_axes(inner)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        shown = [(legend(q.legend, item["metric"]), float(item["value"][1])) for q, item in latest]
+        _draw_values(ax, panel, shown)
+        empty = not shown
+    elif kind == "table":
+        latest = fetch.latest(mine)
+        ax = fig.add_axes(inner)
+        _draw_table(ax, panel, latest)
+        empty = not latest
+    elif kind == "heatmap":
+        series = fetch.series(mine)
+        ax = fig.add_axes(inner, facecolor=PANEL)
+        _draw_heatmap(ax, panel, series, now)
+        empty = not series
+    else:
+        return
+    if empty:
+        no_value = panel["fieldConfig"]["defaults"].get("noValue", "No data")
+        ax.text(0.5, 0.5, no_value, color=TEXT, ha="center", va="center", fontsize=12,
+                transform=ax.transAxes)  # fmt: skip
+
+
+def _repeated(
+    data: JSON, base: str, values: dict[str, str], range_s: float, now: float
+) -> list[tuple[JSON, tuple[float, float, float, float], dict[str, str]]]:
+    """Each panel with its grid box and variable values; a repeated one as Grafana shows it:
+    one copy per value of its variable (side by side, at most maxPerRow a row), each copy's
+    queries and title seeing its one value. The copies share the panel's box."""
+    variables = {v["name"]: v for v in data.get("templating", {}).get("list", [])}
+    out = []
+    for panel in data["panels"]:
+        g = panel["gridPos"]
+        box = (float(g["x"]), float(g["y"]), float(g["w"]), float(g["h"]))
+        name = panel.get("repeat")
+        if not name or name not in variables:
+            out.append((panel, box, values))
+            continue
+        chosen = values.get(name, ".*")
+        found = [
+            v
+            for v in variable_values(variables[name], base, values, now - range_s, now)
+            if re.fullmatch(chosen, v)
+        ]
+        if not found:
+            out.append((panel, box, values))
+            continue
+        per_row = min(len(found), int(panel.get("maxPerRow") or 4))
+        rows = -(-len(found) // per_row)
+        w, h = box[2] / per_row, box[3] / rows
+        for i, value in enumerate(found):
+            at = (box[0] + (i % per_row) * w, box[1] + (i // per_row) * h, w, h)
+            out.append((panel, at, {**values, name: regex_escape(value)}))
+    return out
 
 
 def _draw_heatmap(ax: Any, panel: JSON, data: list[Series], now: float) -> None:

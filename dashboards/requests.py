@@ -142,7 +142,7 @@ def per_route() -> list[tuple[int, list[Any]]]:
         "A narrow band: many requests, alike. A wide one: few requests, or requests that differ "
         "(a route mixing kinds of prompts). No band below 3 effective requests.",
         [
-            ("acceptance", Q.exact_rule("exact_acceptance", "ratio_rate", "5m")),
+            ("{{route}}", Q.exact_rule("exact_acceptance", "ratio_rate", "5m")),
             ("95 % high", Q.acceptance_band("5m", "+")),
             ("95 % low", Q.acceptance_band("5m", "-")),
         ],

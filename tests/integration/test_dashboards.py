@@ -11,9 +11,11 @@ stack, live.py, with a day of history backfilled for the "yesterday" panels).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pytest
 import yaml
 
 from dashboards.build import dashboards
-from dashboards.live import substitute
+from dashboards.live import instant, panel_queries, range_query, resolve_variables, substitute
 from dashboards.mixin import DEFAULT
 from dashboards.panels import (
     OLD_DASHBOARD_KEYS,
@@ -174,6 +176,45 @@ def test_dashboards_type_check_against_grafana_schema() -> None:
 
 
 # --- live Prometheus ---------------------------------------------------------------------------
+
+
+def test_legends_and_titles_name_what_they_show(live: Live) -> None:
+    """As the preview renders a board over the last hour (All selected; a repeated panel
+    once per value, as in Grafana): no title keeps a `$variable`, every {{label}} of a legend
+    is a label of its series, and no two series of one panel share a legend (two routes
+    under one "acceptance")."""
+    from dashboards.preview import _repeated, _with_values, legend
+
+    url = live.prometheus
+    assert not panels_without_data(url, dashboards(), {}, DATA_DEADLINE, live.started)
+    wrong = []
+    for uid, data in dashboards().items():
+        now = time.time()
+        values = resolve_variables(data, url, {}, now - 3600, now)
+        queries = panel_queries(data)
+        for panel, _, own in _repeated(data, url, values, 3600, now):
+            title = _with_values(panel["title"], own)
+            if "$" in title:
+                wrong.append(f"{uid}: title {title!r}")
+            if panel["type"] in ("table", "heatmap"):  # columns / buckets, not legends
+                continue
+            shown = []
+            for q in (q for q in queries if q.panel_id == panel["id"]):
+                expr = substitute(q.expr, own)
+                found = (
+                    range_query(url, expr, now - 3600, now, 15)
+                    if panel["type"] == "timeseries"  # drawn over the last hour
+                    else instant(url, expr)
+                )
+                for item in found:
+                    named = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", q.legend))
+                    missing = named - set(item["metric"])
+                    if missing:
+                        wrong.append(f"{uid}: {title} / {q.ref}: {q.legend!r} lacks {missing}")
+                    shown.append(legend(q.legend, item["metric"]))
+            if len(shown) != len(set(shown)):
+                wrong.append(f"{uid}: {title}: legends {shown}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_panel_query_returns_data(live: Live) -> None:
