@@ -15,7 +15,7 @@ concurrent streams. Per path and concurrency: TTFT p50/p99 as the client sees it
 -> first content token received), added TTFT p50 over direct, completed streams/s, and the CPU
 time (utime + stime from /proc/PID/stat, the whole process group for nginx's master and
 workers) the proxy and the simulator spent per streamed request. Then 1,000 requests with 1,000
-distinct X-Route values go through our proxy and its RSS is read. Goals (issue 4, "Speed"):
+distinct X-Route values go through our proxy and its RSS is read. Goals (the proxy's speed):
 added TTFT p50 at c=1 within 0.3 ms of nginx's; at c=64 at most 2x nginx's; proxy CPU per
 streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80 MB.
 
@@ -69,7 +69,7 @@ MODEL = "sim-27b"
 PATHS = ("direct", "nginx", "proxy")
 CONCURRENCY = (1, 64)
 DISTINCT_ROUTES = 1000
-# goals of issue 4
+# the proxy's speed goals
 GOAL_C1_MARGIN_MS = 0.3
 GOAL_C64_FACTOR = 2.0
 GOAL_CPU_MS = 5.0
@@ -601,7 +601,7 @@ def report(results: Results) -> tuple[list[Goal], list[Goal] | None]:
     segs = results.segments
     sums, added = table(segs)
     goals = evaluate(sums, added, results.rss)
-    print_goals("Goals (issue 4), all rounds:", goals)
+    print_goals("Goals, all rounds:", goals)
     crowding_note(segs)
     quiet = quiet_segments(segs)
     if len(quiet) == len(segs):
@@ -618,7 +618,7 @@ def report(results: Results) -> tuple[list[Goal], list[Goal] | None]:
         return goals, None
     sums, added = table(quiet, notes=False)
     quiet_goals = evaluate(sums, added, results.rss)
-    print_goals("Goals (issue 4), quiet rounds only:", quiet_goals)
+    print_goals("Goals, quiet rounds only:", quiet_goals)
     return goals, quiet_goals
 
 

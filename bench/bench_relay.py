@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The proxy's Python per streamed request, in process: warm, and on a cold cache (issue 4).
+"""The proxy's Python per streamed request, in process: warm, and on a cold cache.
 
 Why: on a small host the proxy's CPU per stream is mostly the interpreter waiting on memory at
 each wake-up (bench/results_proxy.md, runs L2-M2), and bench_proxy.py's TTFT moves by

@@ -7,7 +7,7 @@ script scrapes the sidecar's own /metrics every 15 s, as Prometheus would. Over 
 (after --warmup) it reads the sidecar's utime+stime from /proc/PID/stat and reports CPU as a
 percentage of one core, and RSS. The same-run reference is an idle Python process that has
 imported aiohttp and prometheus_client and sleeps in asyncio: the difference is what scraping
-and serving cost. Goal (issue 2): <= 1 % of one core at a 1 s interval.
+and serving cost. Goal: <= 1 % of one core at a 1 s interval.
 
     python bench/bench_sidecar_cpu.py [--seconds 60] [--warmup 5] [--no-gzip]
 """
@@ -269,7 +269,7 @@ def measure(
         f"scrape errors {errors:g}: {'ok' if ok_work else 'NOT OK'}"
     )
     verdict = "met" if side <= 1.0 else "NOT met"
-    print(f"goal (issue 2): <= 1 % of one core at a 1 s interval: {side:.2f} % -> {verdict}")
+    print(f"goal: <= 1 % of one core at a 1 s interval: {side:.2f} % -> {verdict}")
     return 0 if ok_work else 1
 
 

@@ -5,10 +5,10 @@ k = 3, and the same model plain), at concurrency 1 and 4 (`tests/real_vllm/payof
 The curve comes from `specdec measure --concurrency 1,4` against both servers; then per level
 the same closed-loop traffic of both routes runs through the sidecar's proxy and against the
 plain server, alternating (spec, plain, spec, plain). What this asserts is the pipeline on a
-real engine, not issue 26's 10 % goal: on this 2-core machine a plain step's time drifts by
-up to ~25 % between the minute the curve is measured and the A/B's phases, and the sidecar's
-figure is the route's live decode rate x the curve's plain step, so two runs missed the A/B
-by at most 10.5 % and 45 % (docs/BENCHMARKS.md §9). Asserted: every level gives a usable
+real engine, not the 10 % goal of bench/payoff_real_vllm.py: the sidecar's figure is the
+route's live decode rate x the curve's plain step, and on this 2-core machine a plain step's
+time drifts between the minute the curve is measured and the A/B's phases, so two runs missed
+the A/B by at most 10.5 % and 45 % (docs/BENCHMARKS.md §9). Asserted: every level gives a usable
 curve point at about its batch; the sidecar's two speedups exist per route and level and
 agree; the coding agent's exceeds voice's, as the A/B's does; and each is within 60 % of the
 A/B, which catches a gross mistake (the bench once compared the speculative server with
