@@ -160,79 +160,103 @@ def costly_at_load(mix: Mixin) -> dict[str, Any]:
 
 
 def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
-    waits, vllm = mix.for_, f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
     rules = [  # SpecDecodeAcceptanceDrop lives with its recording rules (dashboards/rules.py)
         runaway_generations(mix),
         acceptance_collapsed(mix),
-        _alert(
-            mix,
-            "SpecDecodeBelowBreakEven",
-            f"{ROUTES.rule_name('estimated_speedup', 'ratio_rate1h')} < 1\n"
-            f"and on (route, model_name) ({ROUTES.rule_name('requests', 'rate5m')} * 300) >= {mix.min_requests_5m}",
-            waits.below_breakeven,
-            "warning",
-            "Speculation costs more than it saves on route {{ $labels.route }}",
-            "Estimated speedup of {{ $labels.route }} ({{ $labels.model_name }}) over the last hour is "
-            '{{ $value | printf "%.2f" }}x: tokens per step no longer cover the cost of a verify step.',
-        ),
+        below_breakeven(mix),
         costly_at_load(mix),
         silently_off(mix),
-        _alert(
-            mix,
-            "SpecDecodeExactCountsLost",
-            "(sum by (route, model_name) (rate(specdec_route_requests_without_spec_metrics_total"
-            '{reason=~"not_sent|unknown_shape|implausible"}[10m])) > 0\n'
-            " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_spec_requests_total[10m])) > 0)\n"
-            "and on (route, model_name) sum by (route, model_name) (increase(specdec_route_spec_requests_total[1d])) > 0\n"
-            f"and on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0",
-            waits.exact_counts_lost,
-            "warning",
-            "Route {{ $labels.route }} lost its exact per-request counts",
-            "{{ $value | humanize }} requests/s of {{ $labels.route }} ({{ $labels.model_name }}) end without "
-            "vLLM's per-request speculative-decoding object while the engine drafts; earlier today they had "
-            "it. The route's figures are estimates now: something upstream strips the object, or vLLM "
-            "restarted without --per-request-spec-decode-metrics.",
-        ),
-        _alert(
-            mix,
-            "SpecDecodeCountersMissing",
-            'rate(specdec_scrape_errors_total{reason="no_spec_metrics"}[5m]) > 0',
-            waits.counters_missing,
-            "warning",
-            "vLLM target {{ $labels.target }} exposes no speculative-decoding counters",
-            "The sidecar reads {{ $labels.target }} but finds no spec_decode counters: vLLM runs "
-            "without --speculative-config, or the target's engine/prefix setting is wrong.",
-        ),
-        _alert(
-            mix,
-            "SpecDecodeTargetDown",
-            "specdec_target_up == 0",
-            waits.target_down,
-            "critical",
-            "The sidecar cannot scrape vLLM target {{ $labels.target }}",
-            "specdec_target_up is 0 for {{ $labels.target }} ({{ $labels.instance }}): see "
-            "specdec_scrape_errors_total by reason. Derived gauges of the target are gone.",
-        ),
-        _alert(
-            mix,
-            "SpecDecodeExporterDown",
-            f"up{{{mix.sidecar_selector}}} == 0 or absent(up{{{mix.sidecar_selector}}})",
-            waits.exporter_down,
-            "critical",
-            "Prometheus cannot scrape the specdec sidecar",
-            # absent() has no instance label: name the job then, not an empty string
-            "No specdec metrics from {{ with $labels.instance }}{{ . }}{{ else }}any target of "
-            f"{mix.sidecar_selector}{{{{ end }}}}: acceptance, routes and these alerts are blind.",
-        ),
-        _alert(
-            mix,
-            "SpecDecodeAttributionCoverageLow",
-            f'specdec_attribution_coverage_ratio{{window="15m"}} < {mix.coverage_min}',
-            waits.attribution_coverage,
-            "info",
-            "Traffic bypasses the route-tagging proxy on {{ $labels.target }}",
-            "Only {{ $value | humanizePercentage }} of the engine's drafts over 15m were accounted to "
-            "routes: some clients talk to vLLM directly, so per-route figures miss that traffic.",
-        ),
+        exact_counts_lost(mix),
+        counters_missing(mix),
+        target_down(mix),
+        exporter_down(mix),
+        coverage_low(mix),
     ]
     return [{"name": "specdec-alerts", "rules": rules}]
+
+
+def below_breakeven(mix: Mixin) -> dict[str, Any]:
+    return _alert(
+        mix,
+        "SpecDecodeBelowBreakEven",
+        f"{ROUTES.rule_name('estimated_speedup', 'ratio_rate1h')} < 1\n"
+        f"and on (route, model_name) ({ROUTES.rule_name('requests', 'rate5m')} * 300) >= {mix.min_requests_5m}",
+        mix.for_.below_breakeven,
+        "warning",
+        "Speculation costs more than it saves on route {{ $labels.route }}",
+        "Estimated speedup of {{ $labels.route }} ({{ $labels.model_name }}) over the last hour is "
+        '{{ $value | printf "%.2f" }}x: tokens per step no longer cover the cost of a verify step.',
+    )
+
+
+def exact_counts_lost(mix: Mixin) -> dict[str, Any]:
+    vllm = f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
+    return _alert(
+        mix,
+        "SpecDecodeExactCountsLost",
+        "(sum by (route, model_name) (rate(specdec_route_requests_without_spec_metrics_total"
+        '{reason=~"not_sent|unknown_shape|implausible"}[10m])) > 0\n'
+        " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_spec_requests_total[10m])) > 0)\n"
+        "and on (route, model_name) sum by (route, model_name) (increase(specdec_route_spec_requests_total[1d])) > 0\n"
+        f"and on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0",
+        mix.for_.exact_counts_lost,
+        "warning",
+        "Route {{ $labels.route }} lost its exact per-request counts",
+        "{{ $value | humanize }} requests/s of {{ $labels.route }} ({{ $labels.model_name }}) end without "
+        "vLLM's per-request speculative-decoding object while the engine drafts; earlier today they had "
+        "it. The route's figures are estimates now: something upstream strips the object, or vLLM "
+        "restarted without --per-request-spec-decode-metrics.",
+    )
+
+
+def counters_missing(mix: Mixin) -> dict[str, Any]:
+    return _alert(
+        mix,
+        "SpecDecodeCountersMissing",
+        'rate(specdec_scrape_errors_total{reason="no_spec_metrics"}[5m]) > 0',
+        mix.for_.counters_missing,
+        "warning",
+        "vLLM target {{ $labels.target }} exposes no speculative-decoding counters",
+        "The sidecar reads {{ $labels.target }} but finds no spec_decode counters: vLLM runs "
+        "without --speculative-config, or the target's engine/prefix setting is wrong.",
+    )
+
+
+def target_down(mix: Mixin) -> dict[str, Any]:
+    return _alert(
+        mix,
+        "SpecDecodeTargetDown",
+        "specdec_target_up == 0",
+        mix.for_.target_down,
+        "critical",
+        "The sidecar cannot scrape vLLM target {{ $labels.target }}",
+        "specdec_target_up is 0 for {{ $labels.target }} ({{ $labels.instance }}): see "
+        "specdec_scrape_errors_total by reason. Derived gauges of the target are gone.",
+    )
+
+
+def exporter_down(mix: Mixin) -> dict[str, Any]:
+    return _alert(
+        mix,
+        "SpecDecodeExporterDown",
+        f"up{{{mix.sidecar_selector}}} == 0 or absent(up{{{mix.sidecar_selector}}})",
+        mix.for_.exporter_down,
+        "critical",
+        "Prometheus cannot scrape the specdec sidecar",
+        # absent() has no instance label: name the job then, not an empty string
+        "No specdec metrics from {{ with $labels.instance }}{{ . }}{{ else }}any target of "
+        f"{mix.sidecar_selector}{{{{ end }}}}: acceptance, routes and these alerts are blind.",
+    )
+
+
+def coverage_low(mix: Mixin) -> dict[str, Any]:
+    return _alert(
+        mix,
+        "SpecDecodeAttributionCoverageLow",
+        f'specdec_attribution_coverage_ratio{{window="15m"}} < {mix.coverage_min}',
+        mix.for_.attribution_coverage,
+        "info",
+        "Traffic bypasses the route-tagging proxy on {{ $labels.target }}",
+        "Only {{ $value | humanizePercentage }} of the engine's drafts over 15m were accounted to "
+        "routes: some clients talk to vLLM directly, so per-route figures miss that traffic.",
+    )

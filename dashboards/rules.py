@@ -80,63 +80,68 @@ def baseline_rules() -> list[dict[str, Any]]:
 def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
     groups = []
     for scope in (spec.ROUTES, spec.ENGINES):
-        lvl = scope.level
-        rules = [
-            record(scope.rule_name("acceptance", f"ratio_rate{w}"), spec.acceptance(scope, w))
-            for w in RULE_WINDOWS
-        ]
-        for w in ("5m", "1h"):
-            rules += [
-                record(
-                    scope.rule_name("tokens_per_step", f"ratio_rate{w}"),
-                    spec.tokens_per_step(scope, w),
-                ),
-                record(
-                    scope.rule_name("position_acceptance", f"ratio_rate{w}", per_position=True),
-                    spec.position_acceptance(scope, w),
-                ),
-                record(
-                    scope.rule_name("estimated_speedup", f"ratio_rate{w}"),
-                    spec.estimated_speedup(scope, w),
-                ),
-                record(
-                    scope.rule_name("rejected_draft_tokens", f"rate{w}"),
-                    spec.rejected_per_second(scope, w),
-                ),
-            ]
-        rules.append(
-            record(
-                scope.rule_name("draft_tokens", "rate1m"),
-                spec.draft_tokens_per_second(scope, "1m"),
-            )
-        )
+        rules = _figures(scope)
         if scope is spec.ROUTES:
             rules += request_level_rules(mix)
             # evaluated right after the figures it reads, not one group offset later: a live
             # server otherwise adds up to an evaluation interval to the detection time
             rules.append(acceptance_drop(mix))
-        groups.append({"name": f"specdec-{lvl}", "interval": "15s", "rules": rules})
-    route = spec.ROUTES
+        groups.append({"name": f"specdec-{scope.level}", "interval": "15s", "rules": rules})
     groups.append(
         {
             "name": "specdec-route-baselines",
             "interval": "1m",  # a day-long rate changes slowly: evaluate it less often
-            "rules": [
-                record(
-                    route.rule_name("acceptance", "ratio_rate1d"),
-                    spec.acceptance(route, "1d"),
-                ),
-                record(route.rule_name("requests", "rate5m"), spec.requests_per_second("5m")),
-                record(
-                    route.rule_name("decode_tokens_per_second", "ratio_rate5m"),
-                    spec.decode_tokens_per_second("5m"),
-                ),
-                record(route.rule_name("speedup", "ratio_rate5m"), spec.measured_speedup("5m")),
-                *baseline_rules(),
-            ],
+            "rules": _baselines(),
         }
     )
     return groups
+
+
+def _figures(scope: spec.Scope) -> list[dict[str, Any]]:
+    """A scope's (routes', engines') acceptance, tokens per step, per position, estimated
+    speedup, rejected and draft tokens per second, over the windows each is shown in."""
+    rules = [
+        record(scope.rule_name("acceptance", f"ratio_rate{w}"), spec.acceptance(scope, w))
+        for w in RULE_WINDOWS
+    ]
+    for w in ("5m", "1h"):
+        rules += [
+            record(
+                scope.rule_name("tokens_per_step", f"ratio_rate{w}"),
+                spec.tokens_per_step(scope, w),
+            ),
+            record(
+                scope.rule_name("position_acceptance", f"ratio_rate{w}", per_position=True),
+                spec.position_acceptance(scope, w),
+            ),
+            record(
+                scope.rule_name("estimated_speedup", f"ratio_rate{w}"),
+                spec.estimated_speedup(scope, w),
+            ),
+            record(
+                scope.rule_name("rejected_draft_tokens", f"rate{w}"),
+                spec.rejected_per_second(scope, w),
+            ),
+        ]
+    rules.append(
+        record(scope.rule_name("draft_tokens", "rate1m"), spec.draft_tokens_per_second(scope, "1m"))
+    )
+    return rules
+
+
+def _baselines() -> list[dict[str, Any]]:
+    """The routes' day-long acceptance, request rate, decode rate and measured speedup."""
+    route = spec.ROUTES
+    return [
+        record(route.rule_name("acceptance", "ratio_rate1d"), spec.acceptance(route, "1d")),
+        record(route.rule_name("requests", "rate5m"), spec.requests_per_second("5m")),
+        record(
+            route.rule_name("decode_tokens_per_second", "ratio_rate5m"),
+            spec.decode_tokens_per_second("5m"),
+        ),
+        record(route.rule_name("speedup", "ratio_rate5m"), spec.measured_speedup("5m")),
+        *baseline_rules(),
+    ]
 
 
 class _Dumper(yaml.SafeDumper):

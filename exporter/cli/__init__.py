@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in (serve, derive, sim, demo, generate, measure, advise):
-        verb.register(verbs)
+        verb.register(verbs.add_parser)
     for name, sub in verbs.choices.items():
         sub.set_defaults(parser=sub, verb=name)
     return parser

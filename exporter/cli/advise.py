@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.core.payoff import DraftLength, best_draft_length, speedups_by_draft_length
 
 EXIT_NO_DATA = 1
@@ -30,8 +30,8 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 Labels = frozenset[tuple[str, str]]
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "advise",
         help="per route: the payoff now, the best draft length, a DSD schedule",
         description="Read a running sidecar's /metrics (or, with --prometheus, its latest "

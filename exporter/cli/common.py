@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TypeAlias
 
 from exporter.core.durations import parse_seconds
 
 EXIT_USAGE = 2
-# the `verbs` of `specdec <verb>`, handed to each verb module's register()
-Verbs: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+# what each verb module's register() gets: the `add_parser` of `specdec <verb>`'s subparsers
+AddVerb: TypeAlias = Callable[..., argparse.ArgumentParser]
 
 
 def duration(text: str) -> float:

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.process import AddressInUse, check_free
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "demo",
         help="simulator + sidecar + two workloads, all on this machine",
         description="Run the whole bundle on a laptop: the vLLM simulator, the sidecar scraping "

@@ -6,15 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.config import ENGINE_KINDS
 from exporter.scrape.families import families
 
 EXIT_NO_DATA = 1  # a page without spec-decode counters
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "derive",
         help="acceptance between two saved /metrics pages",
         description="Compute drafts, draft tokens, accepted tokens, acceptance rate, "

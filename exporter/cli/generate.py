@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.core.durations import parse_duration
 
 EXIT_STALE = 1
@@ -18,8 +18,8 @@ CONFIG_HELP = (
 )
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "rules",
         help="generate the Prometheus recording rules and alerts",
         description="Write deploy/prometheus/rules/*.yml from the shared PromQL definitions "
@@ -38,7 +38,7 @@ def register(verbs: Verbs) -> None:
     )
     p.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
     p.set_defaults(run=rules)
-    d = verbs.add_parser(
+    d = add_verb(
         "dashboards",
         help="generate, check or preview the Grafana dashboards",
         description="Write the Grafana dashboards (dashboards/<uid>.json) from their grafanalib "

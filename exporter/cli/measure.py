@@ -9,11 +9,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.measure.curve import Level, measure_curve
 from exporter.measure.report import (
     Roofline,
@@ -31,8 +32,8 @@ from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_fi
 EXIT_FAILED = 1
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "measure",
         help="the published per-scenario table against any endpoint",
         description="Replay scenarios (streaming chat completions) against an OpenAI-compatible "
@@ -129,58 +130,88 @@ def register(verbs: Verbs) -> None:
     p.set_defaults(run=run)
 
 
+@dataclass
+class Setup:
+    """What the flags ask for, checked before the first request is sent."""
+
+    scenarios: list[Scenario]
+    baseline_file: list[dict[str, Any]] | None
+    levels: list[int]
+    plan: Plan
+    roofline: Roofline | None
+    base: str
+    plain_base: str | None
+
+
+class UsageError(ValueError):
+    """A flag that cannot work: one line, exit 2."""
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        setup = _setup(args)
+    except UsageError as exc:
+        print(f"specdec measure: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if len(setup.levels) > 1 and setup.plain_base is not None:  # _setup checked it is given
+        return _curve(args, setup.base, setup.plain_base, setup.scenarios, setup.levels,
+                      setup.plan)  # fmt: skip
+    return _one_level(args, setup)
+
+
+def _setup(args: argparse.Namespace) -> Setup:
+    """The flags checked and read; UsageError names the one that cannot work."""
     try:
         scenarios = _scenarios(args.scenario, args.scenario_file)
         baseline_file = _baseline_file(args.baseline_file) if args.baseline_file else None
     except (ScenarioError, ValueError) as exc:
-        print(f"specdec measure: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(exc)) from None
     levels = _levels(args.concurrency)
     if args.runs < 1 or levels is None:
-        print(
-            "specdec measure: --runs must be >= 1 and --concurrency N or N,N,... with each N "
-            f">= 1 (got --concurrency {args.concurrency!r})",
-            file=sys.stderr,
+        raise UsageError(
+            "--runs must be >= 1 and --concurrency N or N,N,... with each N "
+            f">= 1 (got --concurrency {args.concurrency!r})"
         )
-        return EXIT_USAGE
     if len(levels) > 1 and not args.baseline_url:
-        print(
-            "specdec measure: several --concurrency levels measure the step-time curve and "
-            "need --baseline-url (the same model without speculation)",
-            file=sys.stderr,
+        raise UsageError(
+            "several --concurrency levels measure the step-time curve and "
+            "need --baseline-url (the same model without speculation)"
         )
-        return EXIT_USAGE
     if args.plot and not _writable(args.plot):
-        print(f"specdec measure: --plot {args.plot}: cannot write there", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"--plot {args.plot}: cannot write there")
     if (args.bytes_per_token is None) != (args.bandwidth is None):
-        print("specdec measure: give --bytes-per-token and --bandwidth together", file=sys.stderr)
-        return EXIT_USAGE
-    roofline = Roofline(args.bytes_per_token, args.bandwidth) if args.bandwidth else None
-    plan = Plan(args.runs, levels[0], args.temperature)
+        raise UsageError("give --bytes-per-token and --bandwidth together")
     try:
         base = base_url(args.base_url, "--base-url")
         plain_base = base_url(args.baseline_url, "--baseline-url") if args.baseline_url else None
         if args.metrics_url:
             base_url(args.metrics_url, "--metrics-url", strip_v1=False)
     except ValueError as exc:
-        print(f"specdec measure: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if len(levels) > 1 and plain_base is not None:  # several levels need it: checked above
-        return _curve(args, base, plain_base, scenarios, levels, plan)
+        raise UsageError(str(exc)) from None
+    return Setup(
+        scenarios,
+        baseline_file,
+        levels,
+        Plan(args.runs, levels[0], args.temperature),
+        Roofline(args.bytes_per_token, args.bandwidth) if args.bandwidth else None,
+        base,
+        plain_base,
+    )
+
+
+def _one_level(args: argparse.Namespace, setup: Setup) -> int:
+    """One level: each scenario against the endpoint, interleaved with the baseline's."""
     spec: list[ScenarioResult] = []
     plain: list[ScenarioResult] = []
     code = 0
-    metrics_url = args.metrics_url or f"{base}/metrics"
+    metrics_url = args.metrics_url or f"{setup.base}/metrics"
     try:
-        for scenario in scenarios:  # interleaved with the baseline, so both see the same load
-            runs = [(base, metrics_url, args.model, spec)]
-            if plain_base:
-                runs.append((plain_base, f"{plain_base}/metrics", None, plain))
+        for scenario in setup.scenarios:  # interleaved with the baseline: both see the same load
+            runs = [(setup.base, metrics_url, args.model, spec)]
+            if setup.plain_base:
+                runs.append((setup.plain_base, f"{setup.plain_base}/metrics", None, plain))
             for url, metrics, model, into in runs:
-                job = measure(url, metrics, [scenario], model, plan, into)
-                asyncio.run(job)
+                asyncio.run(measure(url, metrics, [scenario], model, setup.plan, into))
     except MeasureError as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)
         code = EXIT_FAILED
@@ -193,11 +224,11 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         return code or EXIT_FAILED
     baseline = (
-        baseline_file
-        if baseline_file is not None
+        setup.baseline_file
+        if setup.baseline_file is not None
         else ([r.row() for r in plain if r.results] or None)
     )
-    doc = document(rows, baseline, roofline)
+    doc = document(rows, baseline, setup.roofline)
     failures = [f for r in spec for f in r.failures]
     if failures:
         print(

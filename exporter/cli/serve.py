@@ -7,14 +7,14 @@ import sys
 from dataclasses import replace
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, Verbs, duration
+from exporter.cli.common import EXIT_USAGE, AddVerb, duration
 from exporter.config import DEFAULT_INTERVAL, DEFAULT_LISTEN, Config, ConfigError, from_flags, load
 from exporter.config.nodes import Reader
 from exporter.process import AddressInUse, check_free
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "serve",
         help="scrape vLLM /metrics and export rolling acceptance",
         description="Scrape one or more vLLM /metrics endpoints continuously and serve derived "

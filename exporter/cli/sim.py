@@ -8,13 +8,13 @@ import sys
 from typing import Any
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, Verbs
+from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.config import ENGINE_KINDS, ConfigError, from_flags
 from exporter.process import AddressInUse, check_free, run_until_stopped
 
 
-def register(verbs: Verbs) -> None:
-    p = verbs.add_parser(
+def register(add_verb: AddVerb) -> None:
+    p = add_verb(
         "sim",
         help="run the vLLM simulator (OpenAI API + vLLM /metrics)",
         description="An aiohttp server that behaves like vLLM's OpenAI-compatible server with "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -55,11 +56,14 @@ class RouteCollector(FamiliesCollector):
         self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._counters()
+        yield from self._requests()
+        yield from self._spec_counts()
+        yield from self._decode()
         yield from self._histograms()
         yield from self._windows()
 
-    def _counters(self) -> Iterator[Metric]:
+    def _requests(self) -> Iterator[Metric]:
+        """Requests by status and finish reason, and those without exact counts by reason."""
         acc = self.accounting
         requests = CounterMetricFamily(
             "specdec_route_requests",
@@ -82,6 +86,10 @@ class RouteCollector(FamiliesCollector):
         for reason_labels, n in sorted(acc.without_exact.items()):
             without.add_metric(list(reason_labels), float(n))
         yield without
+
+    def _spec_counts(self) -> Iterator[Metric]:
+        """The route's drafts, draft and accepted tokens, per position: exact or apportioned."""
+        acc = self.accounting
         spec = [*ROUTE_LABELS, "source"]
         drafts = CounterMetricFamily(
             "specdec_route_drafts",
@@ -110,6 +118,10 @@ class RouteCollector(FamiliesCollector):
                 for i, v in enumerate(c.per_position):
                     per_pos.add_metric([*labels, str(i)], v)
         yield from (drafts, tokens, accepted, per_pos)
+
+    def _decode(self) -> Iterator[Metric]:
+        """Completion tokens, and the streamed requests' decode tokens, seconds and steps."""
+        acc = self.accounting
         generated = CounterMetricFamily(
             "specdec_route_generation_tokens", "Completion tokens returned.", labels=ROUTE_LABELS
         )
@@ -161,56 +173,7 @@ class RouteCollector(FamiliesCollector):
             yield family
 
     def _windows(self) -> Iterator[Metric]:
-        labels = [*ROUTE_LABELS, "window"]
-        acceptance = GaugeMetricFamily(
-            "specdec_route_acceptance_ratio",
-            "Accepted / proposed draft tokens of the route over the window.",
-            labels=labels,
-        )
-        length = GaugeMetricFamily(
-            "specdec_route_mean_acceptance_length",
-            "Tokens per verify step of the route over the window.",
-            labels=labels,
-        )
-        speedup_est = GaugeMetricFamily(
-            "specdec_route_estimated_speedup_ratio",
-            "Tokens per decode step x the plain step's seconds at the engine's mean batch over "
-            "the window (the model's step-time curve) / the route's seconds per decode step "
-            "(its exact streamed requests; else tokens per verify step and the curve's verify "
-            "step): > 1 means speculation pays at the load it runs.",
-            labels=labels,
-        )
-        speedup = GaugeMetricFamily(
-            "specdec_route_speedup_ratio",
-            "Measured: the route's decode rate x the plain step's seconds at the engine's mean "
-            "batch over the window (the model's step-time curve).",
-            labels=labels,
-        )
-        at_length = GaugeMetricFamily(
-            "specdec_route_speedup_at_draft_length_ratio",
-            "What the route would get with draft_length drafts per step at the batch it runs: "
-            "1 + the per-position acceptance summed below draft_length, x the plain step / a "
-            "step linear in draft_length between plain (0) and the observed one (k).",
-            labels=[*labels, "draft_length"],
-        )
-        at_length_half = GaugeMetricFamily(
-            "specdec_route_speedup_at_draft_length_ci_halfwidth",
-            "95 % half-width of specdec_route_speedup_at_draft_length_ratio, from the "
-            "acceptance's (the positions taken to move together).",
-            labels=[*labels, "draft_length"],
-        )
-        best = GaugeMetricFamily(
-            "specdec_route_best_draft_length",
-            "The draft length (0: speculation off) with the highest speedup at the load, when "
-            "it beats the runner-up by more than their half-widths; absent otherwise.",
-            labels=labels,
-        )
-        coverage = GaugeMetricFamily(
-            "specdec_attribution_coverage_ratio",
-            "Drafts accounted to routes / the engine's drafts over the window "
-            "(< 1: traffic bypasses the proxy).",
-            labels=["target", "window"],
-        )
+        f = _window_families()
         now = self.clock()
         acc = self.accounting
         for window in acc.history.windows:
@@ -222,9 +185,9 @@ class RouteCollector(FamiliesCollector):
                 r = ratios(c)
                 series = [route, model, window.label]
                 if r.acceptance is not None:
-                    acceptance.add_metric(series, r.acceptance)
+                    f.acceptance.add_metric(series, r.acceptance)
                 if r.mean_acceptance_length is not None:
-                    length.add_metric(series, r.mean_acceptance_length)
+                    f.length.add_metric(series, r.mean_acceptance_length)
             for (route, model), c in sorted(routes.items()):
                 config = self.models.get(model)
                 every, exact = decode.get((route, model), (Decode(), Decode()))
@@ -235,27 +198,104 @@ class RouteCollector(FamiliesCollector):
                     every,
                     exact,
                 )
-                series = [route, model, window.label]
-                if payoff.estimated is not None:
-                    speedup_est.add_metric(series, payoff.estimated)
-                if payoff.measured is not None:
-                    speedup.add_metric(series, payoff.measured)
                 interval = moments.get((route, model), RequestMoments()).interval()
-                options = _by_draft_length(c, payoff, interval)
-                for option in options:
-                    length_series = [*series, str(option.draft_length)]
-                    at_length.add_metric(length_series, option.speedup)
-                    if option.halfwidth is not None:
-                        at_length_half.add_metric(length_series, option.halfwidth)
-                if (chosen := best_draft_length(options)) is not None:
-                    best.add_metric(series, float(chosen.draft_length))
+                _add_payoff(f, [route, model, window.label], c, payoff, interval)
             if self.target is not None:
                 engine = total(list(self.target.history.increase(window, now).values()))
                 routed = total(list(routes.values()))
                 if engine.drafts:
-                    coverage.add_metric(
+                    f.coverage.add_metric(
                         [self.target.target.name, window.label],
                         (routed.drafts or 0.0) / engine.drafts,
                     )
-        yield from (acceptance, length, speedup_est, speedup, at_length, at_length_half, best)
-        yield coverage
+        yield from f
+
+
+class _WindowFamilies(NamedTuple):
+    acceptance: GaugeMetricFamily
+    length: GaugeMetricFamily
+    speedup_est: GaugeMetricFamily
+    speedup: GaugeMetricFamily
+    at_length: GaugeMetricFamily
+    at_length_half: GaugeMetricFamily
+    best: GaugeMetricFamily
+    coverage: GaugeMetricFamily
+
+
+def _window_families() -> _WindowFamilies:
+    """The per-window gauges, empty: filled per route and window by RouteCollector."""
+    labels = [*ROUTE_LABELS, "window"]
+    acceptance = GaugeMetricFamily(
+        "specdec_route_acceptance_ratio",
+        "Accepted / proposed draft tokens of the route over the window.",
+        labels=labels,
+    )
+    length = GaugeMetricFamily(
+        "specdec_route_mean_acceptance_length",
+        "Tokens per verify step of the route over the window.",
+        labels=labels,
+    )
+    speedup_est = GaugeMetricFamily(
+        "specdec_route_estimated_speedup_ratio",
+        "Tokens per decode step x the plain step's seconds at the engine's mean batch over "
+        "the window (the model's step-time curve) / the route's seconds per decode step "
+        "(its exact streamed requests; else tokens per verify step and the curve's verify "
+        "step): > 1 means speculation pays at the load it runs.",
+        labels=labels,
+    )
+    speedup = GaugeMetricFamily(
+        "specdec_route_speedup_ratio",
+        "Measured: the route's decode rate x the plain step's seconds at the engine's mean "
+        "batch over the window (the model's step-time curve).",
+        labels=labels,
+    )
+    at_length = GaugeMetricFamily(
+        "specdec_route_speedup_at_draft_length_ratio",
+        "What the route would get with draft_length drafts per step at the batch it runs: "
+        "1 + the per-position acceptance summed below draft_length, x the plain step / a "
+        "step linear in draft_length between plain (0) and the observed one (k).",
+        labels=[*labels, "draft_length"],
+    )
+    at_length_half = GaugeMetricFamily(
+        "specdec_route_speedup_at_draft_length_ci_halfwidth",
+        "95 % half-width of specdec_route_speedup_at_draft_length_ratio, from the "
+        "acceptance's (the positions taken to move together).",
+        labels=[*labels, "draft_length"],
+    )
+    best = GaugeMetricFamily(
+        "specdec_route_best_draft_length",
+        "The draft length (0: speculation off) with the highest speedup at the load, when "
+        "it beats the runner-up by more than their half-widths; absent otherwise.",
+        labels=labels,
+    )
+    coverage = GaugeMetricFamily(
+        "specdec_attribution_coverage_ratio",
+        "Drafts accounted to routes / the engine's drafts over the window "
+        "(< 1: traffic bypasses the proxy).",
+        labels=["target", "window"],
+    )
+    return _WindowFamilies(
+        acceptance, length, speedup_est, speedup, at_length, at_length_half, best, coverage
+    )
+
+
+def _add_payoff(
+    f: _WindowFamilies,
+    series: list[str],
+    counts: Counts,
+    payoff: Speedups,
+    interval: Interval | None,
+) -> None:
+    """One route's speedups at the load, by draft length, and the best draft length."""
+    if payoff.estimated is not None:
+        f.speedup_est.add_metric(series, payoff.estimated)
+    if payoff.measured is not None:
+        f.speedup.add_metric(series, payoff.measured)
+    options = _by_draft_length(counts, payoff, interval)
+    for option in options:
+        length_series = [*series, str(option.draft_length)]
+        f.at_length.add_metric(length_series, option.speedup)
+        if option.halfwidth is not None:
+            f.at_length_half.add_metric(length_series, option.halfwidth)
+    if (chosen := best_draft_length(options)) is not None:
+        f.best.add_metric(series, float(chosen.draft_length))

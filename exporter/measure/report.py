@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.payoff import breakeven_acceptance, decode_ceiling
+from exporter.core.table import aligned
 
 Row = dict[str, Any]
 
@@ -95,9 +96,30 @@ def to_csv(doc: Row) -> str:
 
 
 def to_table(doc: Row, model: str | None = None) -> str:
+    """The published table, what it could not say, the step cost and the roofline."""
     rows, base = doc["scenarios"], doc["baseline"]
-    plain = {r["name"]: r for r in (base or {}).get("scenarios", [])}
     comparisons = {c["name"]: c for c in (base or {}).get("comparison", [])}
+    lines = aligned(_scenario_rows(rows, base, comparisons))
+    lines += _caveats(rows)
+    if any(c.get("step_cost_ratio") for c in comparisons.values()):
+        lines.append("")
+        for c in comparisons.values():
+            if c.get("step_cost_ratio"):
+                lines.append(
+                    f"{c['name']}: step cost ratio {c['step_cost_ratio']:.2f}, "
+                    f"break-even acceptance {c['breakeven_acceptance_rate']:.1%}"
+                )
+        lines.append("\n" + models_block(doc, model or "MODEL"))
+    if doc["roofline"] is not None:
+        lines += _roofline(doc["roofline"], base is not None)
+    return "\n".join(lines)
+
+
+def _scenario_rows(
+    rows: list[Row], base: Row | None, comparisons: dict[str, Row]
+) -> list[list[str]]:
+    """The header and one row per scenario (with the plain decode and speedup given a baseline)."""
+    plain = {r["name"]: r for r in (base or {}).get("scenarios", [])}
     header = [
         "scenario",
         "requests",
@@ -121,53 +143,44 @@ def to_table(doc: Row, model: str | None = None) -> str:
             _fmt(r["mean_acceptance_length"], "{:.2f}"),
         ]
         if base is not None:
-            c = comparisons.get(r["name"], {})
+            plain_rate = plain.get(r["name"], {}).get("decode_tokens_per_second_median")
             line += [
-                _fmt(
-                    plain.get(r["name"], {}).get("decode_tokens_per_second_median"), "{:.1f} tok/s"
-                ),
-                _fmt(c.get("speedup"), "x{:.2f}"),
+                _fmt(plain_rate, "{:.1f} tok/s"),
+                _fmt(comparisons.get(r["name"], {}).get("speedup"), "x{:.2f}"),
             ]
         table.append(line)
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    ]
+    return table
+
+
+def _caveats(rows: list[Row]) -> list[str]:
+    """What the table cannot say: an interrupted run, an engine without the counters."""
+    out = []
     if any(r.get("interrupted") for r in rows):
-        lines.append(
+        out.append(
             "\ninterrupted before the engine's counters were read again: acceptance from "
             "/metrics is not known for the last scenario (per-request objects, where vLLM "
             "sent them, still count)"
         )
     if any(r["drafts"] is None and not r.get("interrupted") for r in rows):
-        lines.append(
+        out.append(
             "\nno speculative-decoding counters on /metrics: acceptance is not known "
             "(is vLLM running with --speculative-config?)"
         )
-    costs = [c["step_cost_ratio"] for c in comparisons.values() if c.get("step_cost_ratio")]
-    if costs:
-        lines.append("")
-        for c in comparisons.values():
-            if c.get("step_cost_ratio"):
-                lines.append(
-                    f"{c['name']}: step cost ratio {c['step_cost_ratio']:.2f}, "
-                    f"break-even acceptance {c['breakeven_acceptance_rate']:.1%}"
-                )
-        lines.append("\n" + models_block(doc, model or "MODEL"))
-    roof = doc["roofline"]
-    if roof is not None:
-        lines.append(
-            f"\nroofline: {roof['bandwidth_bytes_per_second']:.3g} B/s / "
-            f"{roof['bytes_per_token']:.3g} B/token = "
-            f"{roof['ceiling_tokens_per_second']:.1f} tok/s ceiling"
+    return out
+
+
+def _roofline(roof: Row, with_plain: bool) -> list[str]:
+    out = [
+        f"\nroofline: {roof['bandwidth_bytes_per_second']:.3g} B/s / "
+        f"{roof['bytes_per_token']:.3g} B/token = "
+        f"{roof['ceiling_tokens_per_second']:.1f} tok/s ceiling"
+    ]
+    for s in roof["scenarios"]:
+        out.append(
+            f"  {s['name']}: {_fmt(s['utilization'], '{:.0%}')} of the ceiling"
+            + (f" (plain {_fmt(s['plain_utilization'], '{:.0%}')})" if with_plain else "")
         )
-        for s in roof["scenarios"]:
-            lines.append(
-                f"  {s['name']}: {_fmt(s['utilization'], '{:.0%}')} of the ceiling"
-                + (f" (plain {_fmt(s['plain_utilization'], '{:.0%}')})" if base is not None else "")
-            )
-    return "\n".join(lines)
+    return out
 
 
 def models_block(doc: Row, model: str) -> str:
@@ -264,11 +277,7 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
                 _fmt(r["speedup"], "x{:.2f}"),
             ]
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    ]
+    lines = aligned(table)
     points = [r for r in levels if r["running"] is not None and r["plain_seconds"]]
     if not points:
         lines.append("\nno level has both a batch and a plain step time: no curve to configure")

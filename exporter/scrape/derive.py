@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.counts import Counts, ratios, total
+from exporter.core.table import aligned
 from exporter.scrape.families import EngineFamilies, RawSeries, SeriesKey, read_page
 from exporter.scrape.totals import RunningTotals
 
@@ -118,10 +119,7 @@ def to_table(doc: dict[str, Any]) -> str:
                 _positions(row["per_position"]),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    return "\n".join(aligned(rows))
 
 
 def _positions(values: list[float | None] | None) -> str:

@@ -47,67 +47,82 @@ class Page:
 def read_page(text: str, fams: EngineFamilies) -> Page:
     """Group the page's samples of `fams` by (model_name, engine); bad samples are counted."""
     found = scan(text, (fams.lead, *(g for g, _ in fams.gauges if not g.startswith(fams.lead))))
-    bad = found.bad_lines
-    values: dict[SeriesKey, dict[str, float]] = {}
-    positions: dict[SeriesKey, dict[int, float]] = {}
-    drafted: dict[SeriesKey, dict[int, float]] = {}  # TensorRT-LLM's drafted tokens per position
-    created: dict[SeriesKey, list[tuple[str, float]]] = {}
-    broken: set[SeriesKey] = set()  # a bad sample leaves its series incomplete
-    gauges: dict[SeriesKey, dict[str, list[float]]] = {}  # every rank's value, averaged below
+    grouped = _Grouped(fams, found.bad_lines)
     own = dict(fams.gauges)
     for sample in found.samples:
-        if sample.name in own and sample.value == sample.value:  # NaN: nothing reported
-            labels = dict(sample.labels)
-            key = (labels.get("model_name", ""), labels.get("engine", ""))
-            gauges.setdefault(key, {}).setdefault(own[sample.name], []).append(sample.value)
-            continue
-        kind = fams.classify(sample.name)
-        if kind is None:
-            continue
-        role, is_created = kind
         labels = dict(sample.labels)
         key = (labels.get("model_name", ""), labels.get("engine", ""))
-        if key not in values:
-            if len(values) >= MAX_SERIES:
-                bad += 1
-                continue
-            values[key], positions[key], drafted[key], created[key] = {}, {}, {}, []
+        if sample.name in own:
+            if sample.value == sample.value:  # NaN: nothing reported
+                grouped.gauges.setdefault(key, {}).setdefault(own[sample.name], []).append(
+                    sample.value
+                )
+            continue
+        kind = fams.classify(sample.name)
+        if kind is not None:
+            grouped.counter(key, labels, kind[0], kind[1], sample.value)
+    return grouped.page()
+
+
+class _Grouped:
+    """One page's counter samples per series as they are read, then checked into a Page."""
+
+    def __init__(self, fams: EngineFamilies, bad: int) -> None:
+        self.fams, self.bad = fams, bad
+        self.values: dict[SeriesKey, dict[str, float]] = {}
+        self.positions: dict[SeriesKey, dict[int, float]] = {}
+        self.drafted: dict[SeriesKey, dict[int, float]] = {}  # TensorRT-LLM's, per position
+        self.created: dict[SeriesKey, list[tuple[str, float]]] = {}
+        self.broken: set[SeriesKey] = set()  # a bad sample leaves its series incomplete
+        self.gauges: dict[SeriesKey, dict[str, list[float]]] = {}  # every rank's value
+
+    def counter(
+        self, key: SeriesKey, labels: dict[str, str], role: Role, is_created: bool, value: float
+    ) -> None:
+        if key not in self.values:
+            if len(self.values) >= MAX_SERIES:
+                self.bad += 1
+                return
+            self.values[key], self.positions[key], self.drafted[key] = {}, {}, {}
+            self.created[key] = []
         per_position = role in (Role.PER_POSITION, Role.DRAFTED_PER_POSITION)
-        position = _position(labels.get(fams.position_label)) if per_position else None
+        position = _position(labels.get(self.fams.position_label)) if per_position else None
         if per_position and position is None:
-            bad += 1
-            broken.add(key)
+            self.bad += 1
+            self.broken.add(key)
         elif is_created:
-            created[key].append((f"{role}{'' if position is None else position}", sample.value))
-        elif not (sample.value >= 0 and sample.value != float("inf")):
-            bad += 1  # a counter is finite and non-negative; NaN fails the >= test too
-            broken.add(key)
+            self.created[key].append((f"{role}{'' if position is None else position}", value))
+        elif not (value >= 0 and value != float("inf")):
+            self.bad += 1  # a counter is finite and non-negative; NaN fails the >= test too
+            self.broken.add(key)
         elif position is not None:
-            (drafted if role is Role.DRAFTED_PER_POSITION else positions)[key][position] = (
-                sample.value
-            )
-        elif fams.engine.sums_series_labels:  # summed over its other labels
-            values[key][role] = values[key].get(role, 0.0) + sample.value
+            into = self.drafted if role is Role.DRAFTED_PER_POSITION else self.positions
+            into[key][position] = value
+        elif self.fams.engine.sums_series_labels:  # summed over its other labels
+            self.values[key][role] = self.values[key].get(role, 0.0) + value
         else:
-            values[key][role] = sample.value
-    series = {}
-    for key, vals in values.items():
-        if key in broken:  # counted above; the rest would pass a bad last position off as k-1
-            continue
-        if not fams.engine.speculates(vals):
-            continue
-        counts = fams.engine.series_counts(vals, positions[key], drafted[key])
-        if counts is None:
-            bad += 1  # an incomplete series (truncated page) would look like a restart: skip it
-            continue
-        series[key] = RawSeries(counts, tuple(sorted(created[key])))
-    # one figure per series: the mean over the scheduler ranks (SGLang: tp/pp/dp) that report it
-    means = {
-        key: {name: sum(vs) / len(vs) for name, vs in found.items()}
-        for key, found in gauges.items()
-        if key in series
-    }
-    return Page(series, bad, means)
+            self.values[key][role] = value
+
+    def page(self) -> Page:
+        engine = self.fams.engine
+        series = {}
+        for key, vals in self.values.items():
+            if key in self.broken:  # counted; the rest would pass a bad last position off as k-1
+                continue
+            if not engine.speculates(vals):
+                continue
+            counts = engine.series_counts(vals, self.positions[key], self.drafted[key])
+            if counts is None:
+                self.bad += 1  # an incomplete series (truncated page) would look like a restart
+                continue
+            series[key] = RawSeries(counts, tuple(sorted(self.created[key])))
+        # one figure per series: the mean over the scheduler ranks (SGLang: tp/pp/dp) reporting it
+        means = {
+            key: {name: sum(vs) / len(vs) for name, vs in found.items()}
+            for key, found in self.gauges.items()
+            if key in series
+        }
+        return Page(series, self.bad, means)
 
 
 def _position(text: str | None) -> int | None:
