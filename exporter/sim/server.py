@@ -3,38 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import itertools
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter.core.counts import Counts
-from exporter.sim.decoder import Output, Payoff, RequestStats, Sampling, SimEngine
-from exporter.sim.dialects import LlamacppShapes, SglangShapes, dumps
+from exporter.sim import admin
+from exporter.sim.decoder import Output, RequestStats, Sampling, SimEngine
+from exporter.sim.dialects import LlamacppShapes, SglangShapes
 from exporter.sim.pages import render
-from exporter.sim.profiles import Profile, classify
-from exporter.sim.wire import Json, Shapes, error, sse, usage
+from exporter.sim.profiles import classify
+from exporter.sim.state import SIM, SimState, json_body, json_error, state_of
+from exporter.sim.wire import Json, Shapes, sse, usage
 
 Outputs = AsyncIterator[tuple[int, Output]]
-FAULTS = ("slow_metrics", "http_500", "malformed_metrics", "spec_off", "drop_connection_mid_stream")
-
-
-@dataclass
-class SimState:
-    engine: SimEngine
-    per_request: str = "summary"
-    dialect: str = "vllm"  # whose wire shapes and metrics page: an engine kind
-    faults: dict[str, float] = field(default_factory=dict)  # name -> value (seconds, chunks)
-    ids: itertools.count[int] = field(default_factory=itertools.count)
-    clock: Callable[[], float] = time.time  # `created` stamps; tests fix it for byte equality
-
-
-SIM: web.AppKey[SimState] = web.AppKey("sim", SimState)
 
 
 def build_app(
@@ -54,19 +37,11 @@ def build_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/prometheus/metrics", _metrics)  # TensorRT-LLM's path
-    app.router.add_post("/admin/restart", _restart)
-    app.router.add_post("/admin/profile", _profile)
-    app.router.add_post("/admin/fault", _fault)
-    app.router.add_get("/admin/truth", _truth)
+    app.router.add_post("/admin/restart", admin.restart)
+    app.router.add_post("/admin/profile", admin.profile)
+    app.router.add_post("/admin/fault", admin.fault)
+    app.router.add_get("/admin/truth", admin.truth)
     return app
-
-
-def _state(request: web.Request) -> SimState:
-    return request.app[SIM]
-
-
-def _json_error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return _json(error(status, message, kind, param), status)
 
 
 async def _health(_: web.Request) -> web.Response:
@@ -74,7 +49,7 @@ async def _health(_: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    engine = _state(request).engine
+    engine = state_of(request).engine
     card = {
         "id": engine.model,
         "object": "model",
@@ -84,11 +59,11 @@ async def _models(request: web.Request) -> web.Response:
         "parent": None,
         "max_model_len": 32768,
     }
-    return _json({"object": "list", "data": [card]})
+    return json_body({"object": "list", "data": [card]})
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    state = _state(request)
+    state = state_of(request)
     if "http_500" in state.faults:
         return web.Response(status=500, text="Internal Server Error")
     if "slow_metrics" in state.faults:
@@ -100,34 +75,34 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    state = _state(request)
+    state = state_of(request)
     chat = request.path.endswith("/chat/completions")
     if "http_500" in state.faults:
-        return _json_error(500, "simulated failure", "InternalServerError")
+        return json_error(500, "simulated failure", "InternalServerError")
     try:
         body = await request.json()
         assert isinstance(body, dict)
     except (ValueError, AssertionError):
-        return _json_error(400, "request body must be a JSON object", "BadRequestError")
+        return json_error(400, "request body must be a JSON object", "BadRequestError")
     engine = state.engine
     if body.get("model", engine.model) != engine.model:
         message = f"The model `{body.get('model')}` does not exist."
-        return _json_error(404, message, "NotFoundError", "model")
+        return json_error(404, message, "NotFoundError", "model")
     prompt = _prompt_text(body, chat)
     if prompt is None:
         message = "messages (chat) or prompt (completions) is required"
-        return _json_error(400, message, "BadRequestError")
+        return json_error(400, message, "BadRequestError")
     n = body.get("n") or 1
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if not _positive_int(n) or not (max_tokens is None or _positive_int(max_tokens)):
-        return _json_error(400, "n and max_tokens must be positive integers", "BadRequestError")
+        return json_error(400, "n and max_tokens must be positive integers", "BadRequestError")
     min_tokens, ignore_eos = body.get("min_tokens", 0), body.get("ignore_eos", False)
     if not (min_tokens == 0 or _positive_int(min_tokens)) or not isinstance(ignore_eos, bool):
         message = "min_tokens must be a non-negative integer and ignore_eos a boolean"
-        return _json_error(400, message, "BadRequestError")
+        return json_error(400, message, "BadRequestError")
     if state.dialect == "llamacpp" and n != 1:  # llama-server's own refusal
         body = {"code": 400, "message": "Only one completion choice is allowed"}
-        return _json({"error": body | {"type": "invalid_request_error"}}, 400)
+        return json_body({"error": body | {"type": "invalid_request_error"}}, 400)
     sampling = Sampling(max_tokens, min_tokens, ignore_eos)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
@@ -181,7 +156,7 @@ class Run:
         body = self.shapes.response(
             self.prompt_tokens, self.completion_tokens(), texts, finishes, self.spec_metrics(True)
         )
-        return _json(body)
+        return json_body(body)
 
     async def stream(
         self, request: web.Request, outputs: AsyncIterator[tuple[int, Output]], options: Json
@@ -241,7 +216,7 @@ class Run:
             llama = LlamacppShapes(chat, head["id"], head["created"], head["model"], build)
             whole = await self._llamacpp(llama, resp, outputs, final_usage)
         if resp is None:
-            return _json(whole)
+            return json_body(whole)
         await resp.write(sse("[DONE]"))
         await resp.write_eof()
         return resp
@@ -333,84 +308,3 @@ def _prompt_text(body: Json, chat: bool) -> str | None:
     if isinstance(prompt, list):
         prompt = " ".join(map(str, prompt))
     return prompt if isinstance(prompt, str) and prompt else None
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    """Compact JSON as vLLM (FastAPI) sends it: `application/json`, no charset parameter."""
-    body = dumps(data)
-    return web.Response(body=body, status=status, headers={"Content-Type": "application/json"})
-
-
-async def _restart(request: web.Request) -> web.Response:
-    _state(request).engine.restart()
-    return web.json_response({"restarted": True})
-
-
-async def _profile(request: web.Request) -> web.Response:
-    """{name, acceptance, decay?, concentration? (a number or "inf"), loop_share?}: the fields
-    not given keep the profile's current values."""
-    body = await request.json()
-    engine = _state(request).engine
-    name = body.get("name") if isinstance(body, dict) else None
-    try:
-        if not isinstance(name, str) or not isinstance(body.get("acceptance"), int | float):
-            raise ValueError("expected {name, acceptance, decay?, concentration?, loop_share?}")
-        current = engine.profiles.get(name, Profile(name, 0.0))
-        fields = {f: body.get(f, getattr(current, f)) for f in ("decay", "loop_share")}
-        concentration = float(body.get("concentration", current.concentration))
-        profile = Profile(name, float(body["acceptance"]), concentration=concentration, **fields)
-    except (ValueError, TypeError) as exc:
-        return _json_error(400, str(exc), "BadRequestError")
-    engine.profiles[name] = profile
-    return web.json_response(profile_json(profile))
-
-
-def profile_json(profile: Profile) -> Json:
-    out: Json = dataclasses.asdict(profile)
-    out["concentration"] = "inf" if math.isinf(profile.concentration) else profile.concentration
-    return out
-
-
-async def _fault(request: web.Request) -> web.Response:
-    """{"name": one of FAULTS, "enabled": bool, "value": seconds (slow_metrics) or chunks}"""
-    body = await request.json()
-    state = _state(request)
-    name = body.get("name")
-    if name not in FAULTS:
-        return _json_error(400, f"name must be one of {', '.join(FAULTS)}", "BadRequestError")
-    if body.get("enabled", True):
-        state.faults[name] = float(body.get("value", 2.0 if name == "slow_metrics" else 3))
-    else:
-        state.faults.pop(name, None)
-    if name == "spec_off":
-        state.engine.set_spec("spec_off" not in state.faults)
-    return web.json_response({"faults": state.faults})
-
-
-async def _truth(request: web.Request) -> web.Response:
-    """What the simulator really did per profile since it started (restarts included): the
-    drafts, and the decode steps' tokens and seconds beside a plain step's at the same batch
-    (`speedup`: the A/B truth at the load it ran; differences of two reads give a phase's)."""
-    engine = _state(request).engine
-    return web.json_response(
-        {
-            name: _truth_json(engine.truth.get(name, Counts()), engine.payoff.get(name, Payoff()))
-            for name in sorted(engine.truth.keys() | engine.payoff.keys())
-        }
-    )
-
-
-def _truth_json(c: Counts, payoff: Payoff) -> Json:
-    return {
-        "drafts": c.drafts or 0,
-        "draft_tokens": c.draft_tokens or 0,
-        "accepted": c.accepted or 0,
-        "per_position": list(c.per_position),
-        "decode": {
-            "steps": payoff.steps,
-            "tokens": payoff.tokens,
-            "seconds": payoff.seconds,
-            "plain_seconds": payoff.plain_seconds,
-            "speedup": payoff.speedup,
-        },
-    }
