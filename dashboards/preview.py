@@ -318,7 +318,12 @@ def _table_rows(
             tint = TEXT
             if column in values:
                 value = values[column]
-                cells.append(fmt_value(value, props.get("unit", ""), props.get("decimals")))
+                shown = mapped(value, props.get("mappings", []))  # Grafana maps before units
+                if shown is not None:
+                    cells.append(shown[0])
+                    tint = shown[1]
+                else:
+                    cells.append(fmt_value(value, props.get("unit", ""), props.get("decimals")))
                 if props.get("custom.displayMode") == "color-text":
                     tint = threshold_color(value, props.get("thresholds"))
             else:

@@ -57,3 +57,23 @@ def test_the_speedup_break_even_is_a_series_with_a_legend_entry() -> None:
     legends = [t["legendFormat"] for t in speedup["targets"]]
     assert any(f.startswith("break-even 1x") for f in legends), legends
     assert speedup["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "off"
+
+
+def test_a_table_cell_shows_its_value_mapping_as_grafana_does() -> None:
+    """The Requests table's Confidence column maps 0 -> "ok", 1 -> "low confidence"."""
+    from dashboards.live import Query
+    from dashboards.preview import _table_rows
+
+    (table,) = [p for p in panels() if p["title"] == "Routes: acceptance with its 95 % interval"]
+    queries = [
+        Query("r", table["id"], table["title"], t["refId"], t["expr"], True, "")
+        for t in table["targets"]
+    ]
+    results = [
+        (q, {"metric": {"route": route, "model_name": "m"}, "value": [0, "1" if low else "0"]})
+        for q in queries
+        for route, low in (("a", False), ("b", True))
+    ]
+    header, body, _ = _table_rows(table, results)
+    column = header.index("Confidence")
+    assert [row[column] for row in body] == ["ok", "low confidence"], (header, body)
