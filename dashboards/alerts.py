@@ -176,6 +176,7 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
 
 
 def below_breakeven(mix: Mixin) -> dict[str, Any]:
+    """An hour in which the route's tokens per step did not pay for its verify steps."""
     return _alert(
         mix,
         "SpecDecodeBelowBreakEven",
@@ -190,6 +191,7 @@ def below_breakeven(mix: Mixin) -> dict[str, Any]:
 
 
 def exact_counts_lost(mix: Mixin) -> dict[str, Any]:
+    """A route that had vLLM's per-request objects today and lost them while the engine drafts."""
     vllm = f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
     return _alert(
         mix,
@@ -210,6 +212,7 @@ def exact_counts_lost(mix: Mixin) -> dict[str, Any]:
 
 
 def counters_missing(mix: Mixin) -> dict[str, Any]:
+    """A target the sidecar reads without speculative-decoding counters: speculation off, or a wrong engine/prefix."""
     return _alert(
         mix,
         "SpecDecodeCountersMissing",
@@ -223,6 +226,7 @@ def counters_missing(mix: Mixin) -> dict[str, Any]:
 
 
 def target_down(mix: Mixin) -> dict[str, Any]:
+    """A vLLM target the sidecar cannot scrape: every figure of it is gone."""
     return _alert(
         mix,
         "SpecDecodeTargetDown",
@@ -236,6 +240,7 @@ def target_down(mix: Mixin) -> dict[str, Any]:
 
 
 def exporter_down(mix: Mixin) -> dict[str, Any]:
+    """Prometheus cannot scrape the sidecar: every figure and alert here is blind."""
     return _alert(
         mix,
         "SpecDecodeExporterDown",
@@ -250,6 +255,7 @@ def exporter_down(mix: Mixin) -> dict[str, Any]:
 
 
 def coverage_low(mix: Mixin) -> dict[str, Any]:
+    """Drafts the proxy did not see: clients that bypass it make the per-route figures partial."""
     return _alert(
         mix,
         "SpecDecodeAttributionCoverageLow",
