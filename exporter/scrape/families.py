@@ -49,18 +49,20 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
     found = scan(text, (fams.lead, *(g for g, _ in fams.gauges if not g.startswith(fams.lead))))
     grouped = _Grouped(fams, found.bad_lines)
     own = dict(fams.gauges)
+    classify, counter = fams.classify, grouped.counter  # once per page, not per sample
     for sample in found.samples:
-        labels = dict(sample.labels)
-        key = (labels.get("model_name", ""), labels.get("engine", ""))
-        if sample.name in own:
+        name = sample.name
+        if name in own:
+            labels = dict(sample.labels)
+            key = (labels.get("model_name", ""), labels.get("engine", ""))
             if sample.value == sample.value:  # NaN: nothing reported
-                grouped.gauges.setdefault(key, {}).setdefault(own[sample.name], []).append(
-                    sample.value
-                )
+                grouped.gauges.setdefault(key, {}).setdefault(own[name], []).append(sample.value)
             continue
-        kind = fams.classify(sample.name)
+        kind = classify(name)
         if kind is not None:
-            grouped.counter(key, labels, kind[0], kind[1], sample.value)
+            labels = dict(sample.labels)
+            key = (labels.get("model_name", ""), labels.get("engine", ""))
+            counter(key, labels, kind[0], kind[1], sample.value)
     return grouped.page()
 
 
