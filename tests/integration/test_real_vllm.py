@@ -45,7 +45,7 @@ from tests.helpers import (
     value,
     wait_for,
 )
-from tests.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv
+from tests.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv, start_all
 from tests.rig import ROUTES
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
@@ -75,24 +75,6 @@ class RealVllm:
     main: VllmServer  # detailed per-request objects
     summary: VllmServer  # summary per-request objects
     start_seconds: float
-
-
-def start_all(servers: list[VllmServer]) -> list[str]:
-    """Start the servers side by side (startup is mostly single-threaded imports); errors."""
-    errors: list[str] = []
-
-    def start(srv: VllmServer) -> None:
-        try:
-            srv.start()
-        except Exception as exc:  # reported below, with the log tail
-            errors.append(f"{srv.per_request} server: {exc}")
-
-    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from typing import Any
 from exporter.measure.scenarios import builtin
 from tests.ab_traffic import ROUTES, alternate, traffic
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
-from tests.real_vllm.server import VllmServer
+from tests.real_vllm.server import VllmServer, start_all
 
 MODEL = "tiny"
 K = 3
@@ -68,20 +67,9 @@ def servers(python: Path, model: Path, workdir: Path, timeout: float) -> Iterato
                       extra_args=GREEDY, startup_timeout=timeout)  # fmt: skip
     plain = VllmServer(python, model, free_port(), MODEL, False, None, workdir / "plain",
                        extra_args=GREEDY, startup_timeout=timeout)  # fmt: skip
-    errors: list[str] = []
-
-    def start(server: VllmServer) -> None:
-        try:
-            server.workdir.mkdir(parents=True, exist_ok=True)
-            server.start()
-        except Exception as exc:  # reported once both tried
-            errors.append(f"{'spec' if server.spec else 'plain'} server: {exc}")
-
-    threads = [threading.Thread(target=start, args=(s,)) for s in (spec, plain)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for server in (spec, plain):
+        server.workdir.mkdir(parents=True, exist_ok=True)
+    errors = start_all([spec, plain])
     try:
         if errors:
             raise RuntimeError("; ".join(errors))

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -303,6 +304,24 @@ class VllmServer(LocalServer):
         super().__exit__(et, ev, tb)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_all(servers: list[VllmServer]) -> list[str]:
+    """Start the servers side by side (startup is mostly single-threaded imports); errors."""
+    errors: list[str] = []
+
+    def start(srv: VllmServer) -> None:
+        try:
+            srv.start()
+        except Exception as exc:  # reported below, with the log tail
+            errors.append(f"{srv.per_request or 'plain'} server: {exc}")
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def _group_pids(pgid: int) -> list[int]:
