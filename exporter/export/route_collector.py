@@ -201,7 +201,7 @@ class RouteCollector(FamiliesCollector):
                 interval = moments.get((route, model), RequestMoments()).interval()
                 _add_payoff(f, [route, model, window.label], c, payoff, interval)
             if self.target is not None:
-                engine = total(list(self.target.history.increase(window, now).values()))
+                engine = total(list(acc.engine_history.increase(window, now).values()))
                 routed = total(list(routes.values()))
                 if engine.drafts:
                     f.coverage.add_metric(

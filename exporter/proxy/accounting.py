@@ -123,6 +123,10 @@ class Accounting:
         self.moments_history: History[RouteKey, RequestMoments] = History(
             windows, born_at_zero=True
         )
+        # the engine's work as each tick apportioned it, sampled at the routes' instants so
+        # that a window's coverage compares the two over the same seconds
+        self.engine_work: dict[tuple[str], Counts] = {}  # per (model_name,)
+        self.engine_history: History[tuple[str], Counts] = History(windows, born_at_zero=True)
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
@@ -144,6 +148,7 @@ class Accounting:
         self.history = self.history.with_windows(windows)
         self.decode_history = self.decode_history.with_windows(windows)
         self.moments_history = self.moments_history.with_windows(windows)
+        self.engine_history = self.engine_history.with_windows(windows)
 
     def label_model(self, name: str | None) -> str:
         """A model_name label value: served names as upstream reports them, bounded in number
@@ -268,6 +273,7 @@ class Accounting:
         accepted); a route only ever receives more, so its counters never go down. An engine
         whose counters carry no model_name (llama.cpp: one model per server) is every model's.
         """
+        self.engine_work = {(model,): work for model, work in engine_by_model.items()}
         for model, engine in engine_by_model.items():
             # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
             steps, accepted, tokens = engine.drafts, engine.accepted, engine.draft_tokens
@@ -341,6 +347,7 @@ class Accounting:
         self.history.record(now, self.snapshot())
         self.decode_history.record(now, dict(self.decode))
         self.moments_history.record(now, dict(self.moments))
+        self.engine_history.record(now, self.engine_work)
 
 
 def _utf8(text: str) -> bool:

@@ -12,6 +12,7 @@ the engine's own counters (where it has them) and the simulator's truth.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -47,6 +48,9 @@ async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
         simulator(dialect="sglang") as (_, upstream),
         sidecar(upstream, kind="sglang", windows=(parse_window("20s"),)) as (side, proxy, metrics),
     ):
+        # placing, not waiting: the traffic begins 5 s into the sidecar's first 20 s, so the
+        # window's first full reading (at 20 s) holds all of it for the 5 s that follow
+        await asyncio.sleep(5)
         await mixed_traffic(
             proxy, seed=5, return_spec_tokens_details=[None, True, False], n=[None, None, 2]
         )

@@ -9,10 +9,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Target
+from exporter.core.counts import Counts
 from exporter.core.faults import Faults
 from exporter.core.windows import Window, parse_window
 from exporter.export.guarded import Guarded
+from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import ERROR_REASONS, TargetCollector
+from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, one_engine, set_counts
@@ -258,3 +261,42 @@ def test_the_registry_refuses_a_family_registered_twice(targets):
     registry.register(Guarded(TargetCollector(targets, lambda: 0.0), Faults()))
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         registry.register(Guarded(TargetCollector(targets, lambda: 0.0), Faults()))
+
+
+def test_coverage_compares_routes_and_engine_over_the_same_instants() -> None:
+    """The routes' sums are sampled each accounting tick (1 s), the engine's at each scrape: a
+    window whose start falls between two ticks, while the engine's steps ran, must not put the
+    routes' whole work over part of the engine's (a coverage of 2 or 7 for traffic that all
+    went through the proxy; the engine's work is taken at the ticks' instants)."""
+    windows = (parse_window("2s"),)
+    gpu = state("gpu0", windows=windows)
+    acc = Accounting(("a",), windows, {})
+    work = (100, 300, 150, (70, 50, 30))
+
+    def page_at(t: float, share: float) -> None:
+        gpu.ingest(
+            bump(one_engine(), *(x * share for x in work[:3]), [x * share for x in work[3]]), t
+        )
+
+    def tick(t: float) -> None:
+        acc.apportion(gpu.work_by_model())
+        acc.tick(t)
+
+    page_at(0.0, 0.0)
+    tick(0.0)
+    page_at(0.1, 0.0)
+    page_at(0.2, 0.5)  # the engine's steps run...
+    page_at(0.3, 1.0)
+    acc.record(RequestOutcome("a", MODEL, "200", 250, exact=Counts(*work)))  # ...the request ends
+    for t in (1.0, 2.0):
+        page_at(t, 1.0)
+        tick(t)
+    registry = CollectorRegistry()
+    registry.register(RouteCollector(acc, {}, gpu, clock=lambda: 2.25))
+    found = {
+        (s.name, s.labels["window"]): s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+        if s.name == "specdec_attribution_coverage_ratio"
+    }
+    assert found == {("specdec_attribution_coverage_ratio", "2s"): 1.0}
