@@ -90,7 +90,8 @@ def _profile_name(item: str, known: dict[str, Any]) -> str:
     name = item.partition("=")[0]
     if name not in known:
         raise ValueError(
-            f"--profile {item!r}: no profile {name!r}; the profiles are {', '.join(sorted(known))}"
+            f"--profile {item!r}: wants NAME=MEAN[:C]; no profile {name!r}, the profiles are "
+            f"{', '.join(sorted(known))}"
         )
     return name
 

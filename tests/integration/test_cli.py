@@ -116,3 +116,37 @@ def test_a_busy_listen_address_is_one_line_and_exit_2(args: list[str], where: st
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert f"127.0.0.1:{port} is already in use ({where})" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            [
+                "measure",
+                "--base-url",
+                "http://127.0.0.1:9",
+                "--scenario",
+                "ja_chat",
+                "--plot",
+                "/nonexistent-dir/x.png",
+            ],
+            "specdec measure: --plot /nonexistent-dir/x.png: cannot write there",
+        ),
+        (["serve", "--bogus"], "usage: specdec serve "),
+        (["derive", "nope.prom", "after.prom"], "specdec derive: cannot read nope.prom"),
+        (["sim", "--profile", "bad"], "specdec sim: bad arguments: --profile 'bad': wants NAME="),
+        (["sim", "--profile", "nosuch=0.5"], "no profile 'nosuch', the profiles are code_agent"),
+        (["sim", "--speed", "0"], "specdec sim: bad arguments: --speed must be > 0, got 0.0"),
+        (["demo", "--duration", "-1"], "specdec demo: --duration must be > 0, got -1.0"),
+        (["advise", "--sidecar", "nope"], "specdec advise: --sidecar wants http(s)://HOST:PORT"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else " ".join(x[:2]),
+)
+def test_a_bad_command_line_is_one_named_line_and_exit_2(args: list[str], line: str) -> None:
+    """What a newcomer typed wrong, found before any work: exit 2, the verb and the flag or
+    file named on stderr's first line (the verb's own usage for an unknown flag), no trace."""
+    result = subprocess.run(specdec(*args), capture_output=True, text=True, timeout=60)
+    first = result.stderr.splitlines()[0] if result.stderr else ""
+    assert result.returncode == 2 and line in first, result.stderr
+    assert "Traceback" not in result.stderr and not result.stdout
