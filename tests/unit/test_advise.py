@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import subprocess
 import threading
@@ -43,13 +44,17 @@ def test_the_advice_per_route_and_the_schedule() -> None:
     assert voice["best_draft_length"] == 1 and voice["speedup_measured"] == 0.81
     assert abs(voice["speculation_off_changes_decode_by"] - 0.25) < 1e-9  # 1 / 0.8 - 1
     schedule = advice["dynamic_speculative_decoding"]["m"]
-    assert schedule["max_num_speculative_tokens"] == 3
     assert schedule["acceptance_rate_per_pos"] == [0.75, 0.52, 0.32]
-    ks = schedule["num_speculative_tokens_per_batch_size"]
-    assert list(ks.values()) == sorted(ks.values(), reverse=True)  # k falls as the batch grows
-    assert ks[next(iter(ks))] >= 2 and ks[list(ks)[-1]] == 0
-    stats = schedule["batch_stats"]
-    assert stats[1][0] == 0.98 / 72 + 0.02 / 72 and stats[1][3] == 1.67 / 72 + 0.11 / 72
+    config = schedule["speculative_config"]
+    assert config["num_speculative_tokens"] == 3
+    ranges = config["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 256  # from batch 1, without gaps
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))
+    ks = [k for _, _, k in ranges]
+    assert ks == sorted(ks, reverse=True)  # k falls as the batch grows
+    assert ks[0] >= 2 and ks[-1] == 0
+    seconds = schedule["step_seconds_by_batch"]
+    assert seconds[1][0] == 0.98 / 72 + 0.02 / 72 and seconds[1][3] == 1.67 / 72 + 0.11 / 72
 
 
 def test_no_curve_and_no_traffic_are_said() -> None:
@@ -58,7 +63,8 @@ def test_no_curve_and_no_traffic_are_said() -> None:
 
 
 def test_ranges() -> None:
-    assert _ranges({1: 3, 2: 3, 4: 2, 8: 2, 16: 0}) == {"1-3": 3, "4-15": 2, "16-": 0}
+    assert _ranges({1: 3, 2: 3, 4: 2, 8: 2, 16: 0}) == [[1, 3, 3], [4, 15, 2], [16, 16, 0]]
+    assert _ranges({1: 0}) == [[1, 1, 0]]
 
 
 def test_no_sidecar_is_one_line_and_exit_1() -> None:
