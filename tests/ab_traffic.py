@@ -72,18 +72,30 @@ async def traffic(
 
 
 def alternate(
-    spec: str, plain: str, model: str, concurrency: int, phase: float, read: Callable[[], T]
+    spec: str,
+    plain: str,
+    model: str,
+    concurrency: int,
+    phase: float,
+    read: Callable[[], T],
+    rounds: list[tuple[dict[str, Decoded], dict[str, Decoded]]] | None = None,
 ) -> tuple[dict[str, Decoded], dict[str, Decoded], T]:
     """spec, plain, spec, plain (a 2-core machine's load drifts): the clients' decode per
-    route on each side, and what `read()` returned right after the last speculative phase."""
+    route on each side, and what `read()` returned right after the last speculative phase.
+    `rounds`, if given, gets each round's own (spec, plain): the A/B's repeatability."""
     on = {route: Decoded() for route in ROUTES}
     off = {route: Decoded() for route in ROUTES}
     seen: T | None = None
     for round_ in range(2):
+        this: list[dict[str, Decoded]] = []
         for into, url, proxied in ((on, spec, True), (off, plain, False)):
             if round_ == 1 and not proxied:
                 seen = read()
-            for route, d in asyncio.run(traffic(url, model, concurrency, phase, proxied)).items():
+            found = asyncio.run(traffic(url, model, concurrency, phase, proxied))
+            this.append(found)
+            for route, d in found.items():
                 into[route] += d
+        if rounds is not None:
+            rounds.append((this[0], this[1]))
     assert seen is not None
     return on, off, seen

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.measure.scenarios import builtin
-from tests.ab_traffic import ROUTES, alternate, traffic
+from tests.ab_traffic import ROUTES, Decoded, alternate, traffic
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 from tests.real_vllm.server import VllmServer, start_all
 
@@ -44,6 +44,18 @@ class Figure:
     acceptance_length: float | None  # vLLM's: 1 + accepted / drafts (verify steps only)
     tokens_per_step: float | None  # per decode step, the steps that drafted nothing included
     single: float | None  # the single-stream estimate: acceptance length / step cost at 1
+    halves: tuple[float, ...] = ()  # the A/B of each spec, plain round alone: its repeatability
+    plain_rate: float | None = None  # the clients' decode rate on the plain server
+
+    def plain_rates(self) -> str:
+        """What the figures' difference comes down to: the plain server's decode rate in the
+        A/B against the one the sidecar's curve implies (the spec rate / its measured speedup)."""
+        if self.plain_rate is None or not self.measured:
+            return ""
+        implied = self.plain_rate * self.ab / self.measured
+        return (
+            f"{self.route} at {self.level}: plain {self.plain_rate:.1f} tok/s, curve {implied:.1f}"
+        )
 
     def line(self) -> str:
         def f(x: float | None) -> str:
@@ -52,11 +64,13 @@ class Figure:
         return (
             f"{self.level:5d} {self.route:12s} {self.ab:6.3f} {f(self.estimated)} "
             f"{f(self.measured)} {f(self.single)} {f(self.acceptance_length)} "
-            f"{f(self.tokens_per_step)}"
+            f"{f(self.tokens_per_step)}  " + " ".join(f"{h:.3f}" for h in self.halves)
         )
 
 
-HEADER = "level route        A/B    estimated  measured single-st accept.len  tok/step"
+HEADER = (
+    "level route        A/B    estimated  measured single-st accept.len  tok/step  A/B by round"
+)
 
 
 @contextmanager
@@ -175,9 +189,10 @@ def payoff(
                  timeout=window, what="history")  # fmt: skip
         before: Page = {}
         for c in levels:
+            rounds: list[tuple[dict[str, Decoded], dict[str, Decoded]]] = []
             on, off, page = alternate(
                 f"http://127.0.0.1:{proxy_port}", plain, MODEL, c, phase,
-                lambda: samples(http_get(metrics)),
+                lambda: samples(http_get(metrics)), rounds,
             )  # fmt: skip
             for route in ROUTES:
                 key = {"route": route, "model_name": MODEL, "window": f"{window}s"}
@@ -191,8 +206,11 @@ def payoff(
                     acceptance_length=length,
                     tokens_per_step=_tokens_per_step(page, before, route),
                     single=length / cost if length else None,
+                    halves=tuple(a[route].rate / b[route].rate for a, b in rounds),
+                    plain_rate=off[route].rate,
                 )
                 figures.append(figure)
                 progress(figure.line())
+                progress("  " + figure.plain_rates())
             before = page
     return figures
