@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,10 +24,36 @@ FIXTURES = Path(__file__).parent / "fixtures"
 T = TypeVar("T")
 
 
+_HANDED_OUT: set[int] = set()
+_PICK = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing holds, from below the kernel's ephemeral range and
+    never the same twice in a run. A port the kernel picks (bind to 0) is one it may hand the
+    next outgoing connection before the test binds it: CI saw EADDRINUSE after a test's 1000
+    client connections."""
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = _PICK.randrange(20000, low) if low > 22000 else 0
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
