@@ -9,7 +9,7 @@ speedups, the single-stream estimate (vLLM's tokens per verify step / the step c
 1), and the two tokens-per-step figures behind its miss (per verify step, vLLM's definition;
 per decode step, the steps that drafted nothing included).
 
-    python bench/payoff_real_vllm.py [--levels 1,4] [--phase 30] [--calibrate traffic]
+    python bench/payoff_real_vllm.py [--levels 1,4] [--phase 30] [--calibrate traffic] [--threads 1]
 
 Runtime: ~15 minutes on 2 cores (two servers start, the curve, 4 phases per level).
 """
@@ -41,13 +41,18 @@ def main() -> int:
         help="the curve's plain step from `specdec measure` (default) or from a plain phase of "
         "the A/B traffic itself at each level",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="each server's compute threads (OMP_NUM_THREADS); default: all cores",
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     python = ensure_venv(args.cache)
     model = ensure_model(python, args.cache)
     work = Path(tempfile.mkdtemp(prefix="specdec-payoff-"))
     t0 = time.monotonic()
-    with servers(python, model, work, timeout=600) as (spec, plain):
+    with servers(python, model, work, timeout=600, threads=args.threads) as (spec, plain):
         print(f"servers up in {time.monotonic() - t0:.0f} s", flush=True)
         curve = measure_curve(spec, plain, levels, work)
         if args.calibrate == "traffic":  # the plain step from the routes' own traffic

@@ -74,13 +74,17 @@ HEADER = (
 
 
 @contextmanager
-def servers(python: Path, model: Path, workdir: Path, timeout: float) -> Iterator[tuple[str, str]]:
+def servers(
+    python: Path, model: Path, workdir: Path, timeout: float, threads: int | None = None
+) -> Iterator[tuple[str, str]]:
     """A speculative (detailed per-request objects) and a plain server, started side by side:
-    their base URLs."""
+    their base URLs. `threads`: each server's compute threads (OMP_NUM_THREADS; default all
+    cores, which the two servers, the proxy and the clients then contend for)."""
+    env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
     spec = VllmServer(python, model, free_port(), MODEL, True, "detailed", workdir / "spec",
-                      extra_args=GREEDY, startup_timeout=timeout)  # fmt: skip
+                      extra_args=GREEDY, extra_env=env, startup_timeout=timeout)  # fmt: skip
     plain = VllmServer(python, model, free_port(), MODEL, False, None, workdir / "plain",
-                       extra_args=GREEDY, startup_timeout=timeout)  # fmt: skip
+                       extra_args=GREEDY, extra_env=env, startup_timeout=timeout)  # fmt: skip
     for server in (spec, plain):
         server.workdir.mkdir(parents=True, exist_ok=True)
     errors = start_all([spec, plain])
