@@ -183,7 +183,8 @@ def test_legends_and_titles_name_what_they_show(live: Live) -> None:
     once per value, as in Grafana): no title keeps a `$variable`, every {{label}} of a legend
     is a label of its series, and no two series of one panel share a legend (two routes
     under one "acceptance")."""
-    from dashboards.preview import _repeated, _with_values, legend
+    from dashboards.preview import _repeated, _with_values
+    from dashboards.preview_draw import legend
 
     url = live.prometheus
     assert not panels_without_data(url, dashboards(), {}, DATA_DEADLINE, live.started)

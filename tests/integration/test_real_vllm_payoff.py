@@ -7,12 +7,12 @@ the same closed-loop traffic of both routes runs through the sidecar's proxy and
 plain server, alternating (spec, plain, spec, plain). What this asserts is the pipeline on a
 real engine, not the 10 % goal of bench/payoff_real_vllm.py: the sidecar's figure is the
 route's live decode rate x the curve's plain step, and on this 2-core machine a server's
-decode rate swings up to 3x between consecutive batches of requests: the A/B's own two rounds
-differ by 8-57 %, and runs missed it by up to 10.5 %, 45 % and 57 % (docs/BENCHMARKS.md §9). Asserted: every level gives a usable
-curve point at about its batch; the sidecar's two speedups exist per route and level and
-agree; the coding agent's exceeds voice's, as the A/B's does; and each is within 60 % of the
-A/B, which catches a gross mistake (the bench once compared the speculative server with
-itself: x2.73 against x0.93).
+decode rate swings up to 3x between consecutive batches of requests: the A/B's own two
+rounds differ by 8-57 %, and runs missed it by up to 10.5 %, 45 % and 57 %
+(docs/BENCHMARKS.md §9). Asserted: every level gives a usable curve point at about its batch;
+the sidecar's two speedups exist per route and level and agree; the coding agent's exceeds
+voice's, as the A/B's does; and each is within 60 % of the A/B, which catches a gross
+mistake (the bench once compared the speculative server with itself: x2.73 against x0.93).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ import pytest
 
 from dashboards.build import dashboards
 from dashboards.panels import JSON, PER_SECOND
-from dashboards.preview import _formatter, fmt_value  # the formatter needs matplotlib (test extra)
+
+# the formatter needs matplotlib (a test extra)
+from dashboards.preview_draw import fmt_value, formatter
 
 
 def panels() -> list[JSON]:
@@ -28,12 +30,12 @@ def panels() -> list[JSON]:
 def test_tick_labels_tell_the_ticks_apart(
     unit: str, decimals: int | None, ticks: list[float]
 ) -> None:
-    labels = _formatter(unit, decimals).format_ticks(ticks)
+    labels = formatter(unit, decimals).format_ticks(ticks)
     assert len(set(labels)) == len(labels), labels
 
 
 def test_round_ticks_keep_short_labels() -> None:
-    assert _formatter("percentunit", None).format_ticks([0.0, 0.2, 0.4]) == ["0%", "20%", "40%"]
+    assert formatter("percentunit", None).format_ticks([0.0, 0.2, 0.4]) == ["0%", "20%", "40%"]
 
 
 def test_events_per_second_read_per_second() -> None:
@@ -62,7 +64,7 @@ def test_the_speedup_break_even_is_a_series_with_a_legend_entry() -> None:
 def test_a_table_cell_shows_its_value_mapping_as_grafana_does() -> None:
     """The Requests table's Confidence column maps 0 -> "ok", 1 -> "low confidence"."""
     from dashboards.live import Query
-    from dashboards.preview import _table_rows
+    from dashboards.preview_draw import table_rows
 
     (table,) = [p for p in panels() if p["title"] == "Routes: acceptance with its 95 % interval"]
     queries = [
@@ -74,6 +76,6 @@ def test_a_table_cell_shows_its_value_mapping_as_grafana_does() -> None:
         for q in queries
         for route, low in (("a", False), ("b", True))
     ]
-    header, body, _ = _table_rows(table, results)
+    header, body, _ = table_rows(table, results)
     column = header.index("Confidence")
     assert [row[column] for row in body] == ["ok", "low confidence"], (header, body)
