@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from dashboards import engine, health, payoff, requests
+from dashboards.encode import to_json
 from dashboards.live import PrometheusError, prometheus_query
 from dashboards.mixin import DEFAULT, Mixin
-from dashboards.panels import JSON, to_json
+from dashboards.panels import JSON
 from dashboards.preview import preview
 
 DIRECTORY = Path(__file__).resolve().parent

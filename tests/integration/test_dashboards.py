@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from dashboards.build import dashboards
-from dashboards.live import instant, panel_queries, range_query, resolve_variables, substitute
-from dashboards.mixin import DEFAULT
-from dashboards.panels import (
+from dashboards.encode import (
     OLD_DASHBOARD_KEYS,
     OLD_PANEL_KEYS,
     OLD_VARIABLE_KEYS,
 )
+from dashboards.live import instant, panel_queries, range_query, resolve_variables, substitute
+from dashboards.mixin import DEFAULT
 from dashboards.queries import panel_queries as Q
 from tests.dashboards_ts import generate
 from tests.helpers import need_tool
