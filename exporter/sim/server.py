@@ -49,11 +49,12 @@ async def _health(_: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    engine = state_of(request).engine
+    state = state_of(request)
+    engine = state.engine
     card = {
         "id": engine.model,
         "object": "model",
-        "created": int(engine.metrics.started),
+        "created": int(state.clock()),  # vLLM's ModelCard: stamped as the card is made
         "owned_by": "vllm",
         "root": engine.model,
         "parent": None,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.measure.report import step_cost_line
 from exporter.measure.scenarios import builtin
 from tests.ab_traffic import ROUTES, Decoded, alternate, traffic
 from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
@@ -149,7 +150,7 @@ proxy:
 models:
   - name: {MODEL}
     num_speculative_tokens: {K}
-    step_cost_ratio: {first["verify_seconds"] / first["plain_seconds"]:.3f}
+{step_cost_line(first["verify_seconds"] / first["plain_seconds"])}
     step_time:
 {points}
 """,
@@ -185,9 +186,19 @@ def payoff(
     serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
     cost = curve[0]["verify_seconds"] / curve[0]["plain_seconds"]
     figures = []
-    with child(serve, workdir / "serve.log"):
+    log = workdir / "serve.log"
+    with child(serve, log) as sidecar:
         metrics = f"http://127.0.0.1:{side_port}/metrics"
-        wait_for(lambda: http_get(metrics), what="the sidecar")
+
+        def up() -> str:
+            if sidecar.poll() is not None:  # it refused the config, say: no use waiting
+                raise RuntimeError(f"specdec serve exited: {log.read_text()[-2000:]}")
+            return http_get(metrics)
+
+        try:
+            wait_for(up, what="the sidecar")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{log.read_text()[-2000:]}") from None
         started = time.monotonic()  # a window's gauge needs that much of the sidecar's history
         wait_for(lambda: time.monotonic() - started > window - 3 * phase + 2,
                  timeout=window, what="history")  # fmt: skip
