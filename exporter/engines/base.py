@@ -83,6 +83,9 @@ class Engine:
     asks_stream_usage: ClassVar[bool] = True  # a stream's usage event (where the object rides)
     asks_event_usage: ClassVar[bool] = True  # per-event usage while no object comes (n == 1)
     without_object: ClassVar[str] = reasons.NOT_SENT  # the reason when a response has none
+    # the connection stays open after a chunked (streamed) response, as HTTP/1.1 keep-alive
+    # says: else the proxy does not reuse it (a request written to it would meet the close)
+    keeps_chunked_connections: ClassVar[bool] = True
 
     def families(self, prefix: str | None = None) -> EngineFamilies:
         raise NotImplementedError

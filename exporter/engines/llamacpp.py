@@ -20,6 +20,9 @@ class Llamacpp(Vllm):
     exact_per_request = frozenset((Role.DRAFT_TOKENS, Role.ACCEPTED))
     asks_stream_usage = False
     asks_event_usage = False
+    # llama-server (llama-cpp-python 0.3.36's vendored build) closes the connection after a
+    # streamed response, though its head says `Keep-Alive: timeout=5, max=100`
+    keeps_chunked_connections = False
 
     def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
         """Its draft and accepted tokens, when they can be true: at most `draft_length` drafts

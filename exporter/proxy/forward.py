@@ -77,7 +77,7 @@ class Proxy:
         self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
-        self.engine: Engine = DEFAULT  # the upstream's kind: what to ask it for (see sidecar)
+        self._engine: Engine = DEFAULT
         self.upstream_errors: dict[str, int] = dict.fromkeys(UPSTREAM_ERRORS, 0)
         self.refused = 0
         self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
@@ -127,6 +127,17 @@ class Proxy:
     def client_connections(self) -> int:
         return len(self._clients)
 
+    @property
+    def engine(self) -> Engine:
+        """The upstream's kind (set by the sidecar): what to ask it for, how its connections
+        behave."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = engine
+        self.upstream.reuse_after_chunked = engine.keeps_chunked_connections
+
     def reconfigure(self, config: ProxyConfig) -> None:
         """A reloaded config: new requests take the new routes, limits and timeouts; requests
         in flight finish as they began. A new upstream or its timeouts: a new pool, the old
@@ -140,6 +151,7 @@ class Proxy:
         ):
             self.upstream.retire()
             self.upstream = Upstream(*upstream)
+            self.upstream.reuse_after_chunked = self._engine.keeps_chunked_connections
         self.config = config
         self.router = Router(config)
 

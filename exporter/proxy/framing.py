@@ -44,6 +44,7 @@ class ResponseFramer:
         self._buffer = b""
         self._left = 0  # body bytes left: Content-Length or the current chunk
         self._keep_alive = False
+        self.chunked = False  # the body came chunked (a stream, as engines send them)
         self.head: Head | None = None
         self.done = False  # the response ended (an attribute: read after every read)
 
@@ -142,6 +143,7 @@ class ResponseFramer:
             self._state = _DONE
         elif "chunked" in (head.get("transfer-encoding") or "").lower():
             self._state = _CHUNK_SIZE
+            self.chunked = True
         elif length is not None:
             if not length.isdigit():
                 raise FramingError(f"bad Content-Length {length[:20]!r}")

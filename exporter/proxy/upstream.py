@@ -82,6 +82,7 @@ class Upstream:
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self._retired = False  # replaced by a reload: no connection goes back to the pool
+        self.reuse_after_chunked = True  # False: the upstream closes after a chunked response
 
     def send(
         self,
@@ -351,7 +352,8 @@ class Exchange:
         assert conn is not None
         if self._paused and conn.transport is not None:  # back to the pool reading
             conn.transport.resume_reading()
-        conn.finished(self._framer.reusable)
+        framer = self._framer
+        conn.finished(framer.reusable and (self._pool.reuse_after_chunked or not framer.chunked))
         self._receiver.end()
 
     def _fail(self, error: BaseException) -> None:

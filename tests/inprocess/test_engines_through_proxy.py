@@ -29,7 +29,9 @@ from tests.inprocess.test_proxy_accounting import (
     route_counts,
     truth,
 )
+from tests.rig import CODE as CODE_MESSAGES
 from tests.rig import sidecar, simulator
+from tests.scripted import Respond, ok, scripted
 
 SOURCES = ("exact", "estimated")
 
@@ -151,3 +153,45 @@ def reasons(found: dict[Any, float]) -> dict[str, float]:
 async def _text(upstream: str, path: str = "/metrics") -> str:
     async with aiohttp.ClientSession() as session, session.get(upstream + path) as resp:
         return await resp.text()
+
+
+def closing_after_streams() -> tuple[Respond, list[int]]:
+    """An upstream that, like llama-server, says keep-alive but drops a connection after a
+    streamed (chunked) response: here at the worst moment, once the next request is on it
+    (on the real server the close races the proxy's next write). Counts the streams sent."""
+    streamed: set[int] = set()
+    sent: list[int] = []
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        if id(writer) in streamed:
+            return False  # closed, the request unanswered
+        event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5, max=100"
+            b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(event), event)
+        )
+        streamed.add(id(writer))
+        sent.append(1)
+        return True
+
+    return respond, sent
+
+
+async def test_a_llamacpp_connection_is_not_reused_after_a_stream() -> None:
+    """Each stream after the first would meet a close and be a 502 (never sent twice) if the
+    proxy reused the connection; for llama.cpp it opens a fresh one, for vLLM it reuses."""
+    body = {"model": "tiny", "messages": CODE_MESSAGES, "stream": True}
+    for kind, want in (("llamacpp", [200] * 5), ("vllm", [200, 502])):
+        respond, sent = closing_after_streams()
+        async with scripted(respond) as (url, _), sidecar(url, kind=kind) as (_, proxy, _):
+            statuses = []
+            async with aiohttp.ClientSession() as session:
+                for _ in range(len(want)):
+                    async with session.post(proxy + "/v1/chat/completions", json=body) as resp:
+                        statuses.append(resp.status)
+                        await resp.read()
+        assert statuses == want, kind
+        assert len(sent) == want.count(200), kind
