@@ -9,6 +9,7 @@ from typing import TypeAlias
 from exporter.core.durations import parse_seconds
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 # what each verb module's register() gets: the `add_parser` of `specdec <verb>`'s subparsers
 AddVerb: TypeAlias = Callable[..., argparse.ArgumentParser]
 

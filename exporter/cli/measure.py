@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter.cli.common import EXIT_USAGE, AddVerb
+from exporter.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, AddVerb
 from exporter.measure.curve import Level, measure_curve
 from exporter.measure.report import (
     Roofline,
@@ -219,7 +219,7 @@ def _one_level(args: argparse.Namespace, setup: Setup) -> int:
         print("\nspecdec measure: interrupted; what was measured so far:", file=sys.stderr)
         for result in (*spec, *plain):
             result.interrupted = result.engine is None  # its after-page was never read
-        code = 130
+        code = EXIT_INTERRUPTED
     rows = [r.row() for r in spec if r.results]
     if not rows:
         return code or EXIT_FAILED
@@ -265,7 +265,7 @@ def _curve(
         code = EXIT_FAILED
     except KeyboardInterrupt:
         print("\nspecdec measure: interrupted; the levels measured so far:", file=sys.stderr)
-        code = 130
+        code = EXIT_INTERRUPTED
     rows = [level.row() for level in found if level.spec.requests and level.plain.requests]
     if not rows:
         return code or EXIT_FAILED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,25 @@ def test_long_running_verbs_stop_on_every_stop_signal(tmp_path: Path, verb: str,
     log = (tmp_path / "log").read_text()
     assert code == 0, log[-2000:]
     assert "Traceback" not in log
+
+
+def test_a_ctrl_c_while_the_verbs_load_is_one_line_and_exit_130() -> None:
+    """The first ~0.4 s of every command is importing its verbs. An interrupt there (here raised
+    by an import hook the moment aiohttp is imported, so it lands there every time) must not
+    print the import's traceback."""
+    hook = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'aiohttp':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from exporter.cli import main\n"
+        "raise SystemExit(main(['measure', '--help']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "specdec: interrupted\n"
 
 
 @pytest.mark.parametrize(
