@@ -19,7 +19,8 @@ distinct X-Route values go through our proxy and its RSS is read. Goals (the pro
 added TTFT p50 at c=1 within 0.3 ms of nginx's; at c=64 at most 2x nginx's; proxy CPU per
 streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80 MB.
 
-    python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--pin] [--json FILE] [--check]
+    python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--pin] [--serve-from DIR]
+                                [--json FILE] [--check]
 
 By default nothing is pinned: on a 2-core machine the load generator, the simulator and the proxy
 share the cores, as they would on a small host; that contention is part of what c=64 measures.
@@ -146,12 +147,12 @@ class Child:
             time.sleep(0.05)
 
 
-def spawn(name: str, argv: list[str], tmp: Path) -> Child:
+def spawn(name: str, argv: list[str], tmp: Path, cwd: Path = REPO) -> Child:
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=cwd,  # `python -m exporter` runs the checkout it starts in
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -383,6 +384,7 @@ def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
             "warning",
         ],
         tmp,
+        args.serve_from,
     )
     children.append(proxy)
     wait_http(proxy, f"http://127.0.0.1:{metrics_port}/-/healthy")
@@ -815,15 +817,15 @@ def background_load(seconds: float = 2.0) -> float:
     return (machine_busy() - before) / seconds
 
 
-def revision() -> str:
+def revision(repo: Path) -> str:
     """The commit measured, and whether exporter/ differs from it."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", "exporter"],
-            cwd=REPO,
+            cwd=repo,
             capture_output=True,
             text=True,
         ).stdout.strip()
@@ -834,9 +836,12 @@ def revision() -> str:
 
 def run(args: argparse.Namespace) -> int:
     children: list[Child] = []
-    results = Results(args=vars(args))
-    results.sanity["revision"] = revision()
+    results = Results(args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
+    results.sanity["revision"] = revision(REPO)
     print(f"specdec at {results.sanity['revision']}")
+    if args.serve_from != REPO:
+        results.sanity["proxy_revision"] = revision(args.serve_from)
+        print(f"the proxy (`specdec serve`) from {args.serve_from} at {revision(args.serve_from)}")
     load = background_load()
     results.sanity["background_cores"] = load
     print(
@@ -912,6 +917,14 @@ def main(argv: list[str] | None = None) -> int:
         "--pin",
         action="store_true",
         help="simulator alone on the last CPU, all else on the others (default: unpinned)",
+    )
+    parser.add_argument(
+        "--serve-from",
+        type=Path,
+        default=REPO,
+        metavar="DIR",
+        help="run the proxy from this checkout (e.g. a git worktree of an older revision), "
+        "the simulator and load from this one: before and after against the same simulator",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
