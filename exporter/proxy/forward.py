@@ -77,7 +77,8 @@ class Proxy:
         self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
-        self._engine: Engine = DEFAULT
+        self.engine: Engine = DEFAULT  # the upstream's kind (set by the sidecar): what to ask
+        # it for, how its connections behave
         self.upstream_errors: dict[str, int] = dict.fromkeys(UPSTREAM_ERRORS, 0)
         self.refused = 0
         self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
@@ -127,17 +128,6 @@ class Proxy:
     def client_connections(self) -> int:
         return len(self._clients)
 
-    @property
-    def engine(self) -> Engine:
-        """The upstream's kind (set by the sidecar): what to ask it for, how its connections
-        behave."""
-        return self._engine
-
-    @engine.setter
-    def engine(self, engine: Engine) -> None:
-        self._engine = engine
-        self.upstream.reuse_after_chunked = engine.keeps_chunked_connections
-
     def reconfigure(self, config: ProxyConfig) -> None:
         """A reloaded config: new requests take the new routes, limits and timeouts; requests
         in flight finish as they began. A new upstream or its timeouts: a new pool, the old
@@ -151,7 +141,6 @@ class Proxy:
         ):
             self.upstream.retire()
             self.upstream = Upstream(*upstream)
-            self.upstream.reuse_after_chunked = self._engine.keeps_chunked_connections
         self.config = config
         self.router = Router(config)
 
@@ -220,7 +209,12 @@ class Proxy:
         call = Relay(self, writer, method, hold)
         self.in_flight += 1
         call.exchange = self.upstream.send(
-            method, plan.target, end_to_end(request.fields), plan.body, call
+            method,
+            plan.target,
+            end_to_end(request.fields),
+            plan.body,
+            call,
+            keeps_chunked=self.engine.keeps_chunked_connections,
         )
         # the rest can wait until the request is on its way: no response byte comes before
         if plan.strip is not None:

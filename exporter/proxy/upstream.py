@@ -82,7 +82,6 @@ class Upstream:
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
         self._retired = False  # replaced by a reload: no connection goes back to the pool
-        self.reuse_after_chunked = True  # False: the upstream closes after a chunked response
 
     def send(
         self,
@@ -91,9 +90,12 @@ class Upstream:
         headers: Iterable[tuple[str, str]],
         body: Body,
         receiver: Receiver,
+        keeps_chunked: bool = True,
     ) -> Exchange:
         """Send a request; its response goes to `receiver`. On a pooled connection that passes
-        its check the request is written before this returns; else on a fresh connection."""
+        its check the request is written before this returns; else on a fresh connection.
+        `keeps_chunked`: False if the upstream closes a connection after a chunked response
+        (whatever its head says), which then goes back to no pool."""
         data = self._serialize(method, target, headers, body)
         loop = asyncio.get_running_loop()
         while self._idle:
@@ -101,11 +103,11 @@ class Upstream:
             if conn.usable(loop.time()):
                 _write(conn, data)  # on its way before any bookkeeping
                 self._busy.add(conn)
-                exchange = Exchange(self, method, (), receiver)
+                exchange = Exchange(self, method, (), receiver, keeps_chunked)
                 exchange.attached(conn)
                 return exchange
             conn.close()
-        exchange = Exchange(self, method, data, receiver)
+        exchange = Exchange(self, method, data, receiver, keeps_chunked)
         exchange.connect()
         return exchange
 
@@ -251,8 +253,10 @@ class Exchange:
         method: str,
         request: Sequence[bytes | memoryview],
         receiver: Receiver,
+        keeps_chunked: bool = True,
     ) -> None:
         self._pool = pool
+        self._keeps_chunked = keeps_chunked
         self._method = method
         self._request = request  # until written (a fresh connection): then dropped
         self._receiver = receiver
@@ -353,7 +357,7 @@ class Exchange:
         if self._paused and conn.transport is not None:  # back to the pool reading
             conn.transport.resume_reading()
         framer = self._framer
-        conn.finished(framer.reusable and (self._pool.reuse_after_chunked or not framer.chunked))
+        conn.finished(framer.reusable and (self._keeps_chunked or not framer.chunked))
         self._receiver.end()
 
     def _fail(self, error: BaseException) -> None:

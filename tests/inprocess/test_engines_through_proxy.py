@@ -159,21 +159,21 @@ def closing_after_streams() -> tuple[Respond, list[int]]:
     """An upstream that, like llama-server, says keep-alive but drops a connection after a
     streamed (chunked) response: here at the worst moment, once the next request is on it
     (on the real server the close races the proxy's next write). Counts the streams sent."""
-    streamed: set[int] = set()
+    streamed: list[asyncio.StreamWriter] = []  # held: an id() of a collected one is reused
     sent: list[int] = []
 
     async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
         if b"/metrics" in request:
             writer.write(ok(b""))
             return True
-        if id(writer) in streamed:
+        if any(w is writer for w in streamed):
             return False  # closed, the request unanswered
         event = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5, max=100"
             b"\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(event), event)
         )
-        streamed.add(id(writer))
+        streamed.append(writer)
         sent.append(1)
         return True
 

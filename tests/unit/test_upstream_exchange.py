@@ -58,7 +58,6 @@ class FakeConnection:
 
 class FakePool:
     read_timeout = 60.0
-    reuse_after_chunked = True
 
 
 def exchange_on(method: str, receiver: Gather) -> tuple[Exchange, FakeConnection]:
