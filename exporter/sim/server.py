@@ -51,14 +51,31 @@ async def _health(_: web.Request) -> web.Response:
 async def _models(request: web.Request) -> web.Response:
     state = state_of(request)
     engine = state.engine
+    card_created = int(state.clock())  # vLLM's ModelCard and ModelPermission: stamped as made
     card = {
         "id": engine.model,
         "object": "model",
-        "created": int(state.clock()),  # vLLM's ModelCard: stamped as the card is made
+        "created": card_created,
         "owned_by": "vllm",
         "root": engine.model,
         "parent": None,
         "max_model_len": 32768,
+        "permission": [
+            {
+                "id": f"modelperm-{next(state.ids):016x}",  # vLLM: a fresh random_uuid() each
+                "object": "model_permission",
+                "created": card_created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
     }
     return json_body({"object": "list", "data": [card]})
 

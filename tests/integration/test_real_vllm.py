@@ -559,6 +559,29 @@ async def test_sim_unknown_model_error_equals_the_real_one(
         assert got.json()["error"][key] == want.json()["error"][key], key
 
 
+async def test_sim_model_list_equals_the_real_one(real: RealVllm, sims: dict[str, str]) -> None:
+    """/v1/models, which clients and health checks read: the same cards, permission included."""
+    async with aiohttp.ClientSession() as session:
+        want = await send_get(session, real.main.base_url + "/v1/models")
+        got = await send_get(session, sims["detailed"] + "/v1/models")
+    assert shape(got) == shape(want), diff(shape(want), shape(got))
+    for card, real_card in zip(got["data"], want["data"], strict=True):
+        for key in ("object", "owned_by"):
+            assert card[key] == real_card[key], key
+        (permission,), (real_permission,) = card["permission"], real_card["permission"]
+        assert permission["id"].startswith("modelperm-")
+        volatile = ("id", "created")
+        assert {k: v for k, v in permission.items() if k not in volatile} == {
+            k: v for k, v in real_permission.items() if k not in volatile
+        }
+
+
+async def send_get(session: aiohttp.ClientSession, url: str) -> Any:
+    async with session.get(url) as resp:
+        assert resp.status == 200, url
+        return await resp.json()
+
+
 # ---- 5. per-route exactness through the proxy -------------------------------------------------
 
 VOICE_HEADERS = {"X-Route": "voice"}
