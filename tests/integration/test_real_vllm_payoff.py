@@ -35,7 +35,7 @@ import pytest
 
 from exporter.cli.advise import advise
 from tests.helpers import unavailable
-from tests.real_vllm.payoff import HEADER, Figure, measure_curve, payoff, servers
+from tests.real_vllm.payoff import HEADER, measure_curve, payoff, servers
 from tests.real_vllm.server import ensure_model, ensure_venv
 from tests.unit.test_advise import page
 
@@ -56,17 +56,6 @@ CACHE = Path(
 LEVELS = [1, 4]
 PHASE = 20.0
 BOUND = 2.0  # a factor either way: a gross mistake, not the goal (see above)
-AGREE = 1.25  # an A/B whose two rounds differ by more is no reference (the machine moved)
-CEILING = 1.1  # x tokens per decode step: an A/B round above it is not a speedup
-
-
-def reference(f: Figure) -> str | None:
-    """Why `f`'s A/B is no reference, or None if it is one."""
-    if max(f.halves) / min(f.halves) > AGREE:
-        return "its rounds disagree"
-    if f.tokens_per_step is None or max(f.halves) > CEILING * f.tokens_per_step:
-        return "a round exceeds the tokens per step"
-    return None
 
 
 @pytest.fixture
@@ -127,7 +116,7 @@ def test_the_load_aware_speedup_meets_the_ab_on_real_servers(workdir: Path) -> N
     for f in figures:
         assert f.estimated is not None and f.measured is not None, report
         assert abs(f.estimated / f.measured - 1) < 0.01, report  # exact streamed requests
-        why = reference(f)
+        why = f.not_a_reference()
         if why is None:
             off = max(f.estimated / f.ab, f.ab / f.estimated)
             assert off <= BOUND, f"{f.route} at {f.level}:\n{report}"

@@ -29,6 +29,8 @@ from tests.real_vllm.server import VllmServer, start_all
 
 MODEL = "tiny"
 K = 3
+AGREE = 1.25  # an A/B whose two rounds differ by more is no reference
+CEILING = 1.1  # x tokens per decode step: an A/B round above it is not a speedup
 Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 GREEDY = ("--override-generation-config", json.dumps({"temperature": 0.0}))
 
@@ -47,6 +49,19 @@ class Figure:
     single: float | None  # the single-stream estimate: acceptance length / step cost at 1
     halves: tuple[float, ...] = ()  # the A/B of each spec, plain round alone: its repeatability
     plain_rate: float | None = None  # the clients' decode rate on the plain server
+
+    def not_a_reference(self) -> str | None:
+        """Why this A/B cannot judge the sidecar, or None if it can: its two rounds differ by
+        more than 25 % (the machine moved), or one exceeds the route's tokens per decode step
+        by more than 10 % (a verify step costs at least a plain one, so no speedup is higher:
+        the plain phase ran slower in effect)."""
+        if not self.halves or max(self.halves) / min(self.halves) > AGREE:
+            return "its rounds disagree"
+        if self.tokens_per_step is None:
+            return "no tokens per step"
+        if max(self.halves) > CEILING * self.tokens_per_step:
+            return "a round exceeds the tokens per step"
+        return None
 
     def plain_rates(self) -> str:
         """What the figures' difference comes down to: the plain server's decode rate in the
@@ -227,5 +242,7 @@ def payoff(
                 figures.append(figure)
                 progress(figure.line())
                 progress("  " + figure.plain_rates())
+                if (why := figure.not_a_reference()) is not None:
+                    progress(f"  the A/B is no reference: {why}")
             before = page
     return figures
