@@ -90,10 +90,12 @@ class Sidecar:
         """The objects `config` implies: each target's state (a kept one's carried over from
         `carried`), the models, the fronted target and a registry of collectors over them.
         Built beside the running ones; nothing running is touched."""
+        # an engine page without model_name (llama.cpp) is the config's one model, if one
+        only = config.models[0].name if len(config.models) == 1 else ""
         targets = tuple(
-            TargetState(t, config.windows)
+            TargetState(t, config.windows, only)
             if t.name not in carried
-            else carried[t.name].carried(t, config.windows)
+            else carried[t.name].carried(t, config.windows, only)
             for t in config.targets
         )
         models = {m.name: m for m in config.models}
@@ -109,7 +111,8 @@ class Sidecar:
         registry.register(LifecycleCollector(self.reloads, self.faults))
         if self.proxy is not None:
             accounting = self.proxy.accounting
-            register(RouteCollector(accounting, models, fronted, self.clock))
+            upstream = _engine(config.proxy, fronted)
+            register(RouteCollector(accounting, models, fronted, upstream, self.clock))
             register(ProxyCollector(self.proxy))
             register(RequestCollector(accounting, self.clock))
         return Wiring(config, targets, models, fronted, registry)

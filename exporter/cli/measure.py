@@ -7,14 +7,17 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from exporter.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, AddVerb
+from exporter.engines import DEFAULT, KINDS, engine
+from exporter.engines.base import Engine
 from exporter.measure.curve import Level, measure_curve
 from exporter.measure.report import (
     Roofline,
@@ -26,7 +29,14 @@ from exporter.measure.report import (
     to_json,
     to_table,
 )
-from exporter.measure.runner import MeasureError, Plan, ScenarioResult, measure
+from exporter.measure.runner import (
+    MeasureError,
+    Plan,
+    ScenarioResult,
+    detect,
+    draft_length,
+    measure,
+)
 from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_file
 
 EXIT_FAILED = 1
@@ -85,6 +95,12 @@ def register(add_verb: AddVerb) -> None:
         "levels (1,4,16) with --baseline-url measure the step-time curve: per level the "
         "engine's running requests, seconds per step with and without speculation, the "
         "speedup, and a `models:` block with the curve",
+    )
+    p.add_argument(
+        "--engine",
+        choices=KINDS,
+        help="the serving engine, whose counters, batch gauge and per-request figures are read "
+        "(default: recognised from the /metrics page)",
     )
     p.add_argument("--model", help="the model name to request (default: the first of /v1/models)")
     p.add_argument(
@@ -153,6 +169,17 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # a stop from a supervisor (timeout, kill) reports what was measured, as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try:
+        found = _engine(args, setup.base)
+    except MeasureError as exc:
+        print(f"specdec measure: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("\nspecdec measure: interrupted before the first request", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    setup.plan = replace(setup.plan, engine=found)
     if len(setup.levels) > 1 and setup.plain_base is not None:  # _setup checked it is given
         return _curve(args, setup.base, setup.plain_base, setup.scenarios, setup.levels,
                       setup.plan)  # fmt: skip
@@ -199,6 +226,14 @@ def _setup(args: argparse.Namespace) -> Setup:
     )
 
 
+def _engine(args: argparse.Namespace, base: str) -> Engine:
+    """--engine, else the engine the endpoint's /metrics page shows (vLLM when it shows none:
+    its acceptance is then said to be unknown)."""
+    if args.engine:
+        return engine(args.engine)
+    return asyncio.run(detect(args.metrics_url or f"{base}/metrics")) or DEFAULT
+
+
 def _one_level(args: argparse.Namespace, setup: Setup) -> int:
     """One level: each scenario against the endpoint, interleaved with the baseline's."""
     spec: list[ScenarioResult] = []
@@ -218,15 +253,15 @@ def _one_level(args: argparse.Namespace, setup: Setup) -> int:
     except KeyboardInterrupt:
         print("\nspecdec measure: interrupted; what was measured so far:", file=sys.stderr)
         for result in (*spec, *plain):
-            result.interrupted = result.engine is None  # its after-page was never read
+            result.interrupted = result.counted is None  # its after-page was never read
         code = EXIT_INTERRUPTED
-    rows = [r.row() for r in spec if r.results]
+    rows = [r.row() for r in spec if r.requests]
     if not rows:
         return code or EXIT_FAILED
     baseline = (
         setup.baseline_file
         if setup.baseline_file is not None
-        else ([r.row() for r in plain if r.results] or None)
+        else ([r.row() for r in plain if r.requests] or None)
     )
     doc = document(rows, baseline, setup.roofline)
     failures = [f for r in spec for f in r.failures]
@@ -289,12 +324,9 @@ def _drawn(draw: Callable[[], None]) -> bool:
 
 
 def _draft_length(levels: list[Level]) -> int | None:
-    """k as the per-request objects state it (num_spec_tokens), else None."""
-    for level in levels:
-        for r in level.spec.requests:
-            if r.spec and isinstance(r.spec.get("num_spec_tokens"), int):
-                return int(r.spec["num_spec_tokens"])
-    return None
+    """k as the engine's counters state it over the speculative phases (`runner.draft_length`)."""
+    counted = [r.counted for level in levels for r in level.spec.results if r.counted]
+    return max((k for c in counted if (k := draft_length(c)) is not None), default=None)
 
 
 def _served_model(results: list[ScenarioResult]) -> str | None:

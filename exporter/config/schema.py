@@ -92,6 +92,9 @@ class Target:
     prefix: str | None = setting(metric_prefix, None)
     interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)
     timeout: float = setting(Reader.seconds, DEFAULT_TIMEOUT)
+    # the model_name of series whose page carries none (llama.cpp's server: one model each);
+    # default: the one model of `models:` when it names exactly one
+    model_name: str | None = setting(described("the served model's name"), None)
 
 
 def _headers(r: Reader, node: yaml.Node, key: str) -> tuple[tuple[str, str], ...]:

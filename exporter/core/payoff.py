@@ -44,6 +44,14 @@ class Decode:
         return self.seconds / self.steps if self.steps > 0 and self.seconds > 0 else None
 
 
+def decode_steps(tokens: float, accepted: float, verify_steps: float | None = None) -> float:
+    """A request's decode steps from its decode tokens (after the first, prefill's) and its
+    accepted draft tokens: a verify step makes one token plus those it accepted, a step
+    without drafts one token, so steps = tokens - accepted. Where the engine counted its
+    verify steps, at least those (a stop string can cut a last step's tokens)."""
+    return max(verify_steps or 0.0, tokens - accepted)
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Running requests integrated over time: b dt and b^2 dt. Their ratio is the batch a
@@ -215,6 +223,26 @@ def speedups_by_draft_length(
         half = None if relative_halfwidth is None else accepted * relative_halfwidth
         out.append(DraftLength(length, speedup, None if half is None else half * plain / seconds))
     return out
+
+
+def geometric_positions(acceptance: float, k: int) -> tuple[float, ...]:
+    """P(more than i drafts accepted), i < k, for a route whose engine states only its draft
+    and accepted tokens (llama.cpp's timings; its per-position counters mix every route): each
+    draft accepted with one probability a, given the ones before it (Leviathan et al.), so
+    P(more than i) = a^(i+1), with a chosen so that the mean over k positions is the route's
+    measured `acceptance` (accepted / draft tokens). Exact for i.i.d. acceptance; for the
+    usual falling conditional acceptance it understates the first position and overstates the
+    last (measured: within 2 % of E(k') for the bench's two routes, docs/metrics.md)."""
+    target = min(max(acceptance, 0.0), 1.0)
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection: the mean rises with a
+        a = (low + high) / 2
+        if sum(a ** (i + 1) for i in range(k)) / k < target:
+            low = a
+        else:
+            high = a
+    a = (low + high) / 2
+    return tuple(a ** (i + 1) for i in range(k))
 
 
 def best_draft_length(options: list[DraftLength]) -> DraftLength | None:

@@ -20,3 +20,16 @@ def engine(kind: str) -> Engine:
     if found is None:
         raise ValueError(f"unknown engine {kind!r}; expected one of {', '.join(KINDS)}")
     return found
+
+
+def recognise(page: str) -> Engine | None:
+    """The engine whose own metric prefix a /metrics page's samples carry (a plain server's
+    page too: its batch gauge has it), or None when no known engine's does."""
+    found = {
+        e.kind: e
+        for line in page.splitlines()
+        if line and not line.startswith("#")
+        for e in ENGINES.values()
+        if line.startswith(e.prefix)
+    }
+    return next(iter(found.values())) if len(found) == 1 else None

@@ -5,7 +5,7 @@ read. One module per engine implements it; `exporter.engines` is the registry.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -123,6 +123,20 @@ class Engine:
         """A request's own draft and accepted tokens from its timings, where the engine sends
         them (llama.cpp); None elsewhere."""
         return None
+
+    @property
+    def running_gauge(self) -> str | None:
+        """The sample name of the engine's batch (requests in model execution), if it has one."""
+        return next((name for name, role in self.families().gauges if role == RUNNING), None)
+
+    def stream_counts(self, events: Sequence[Mapping[str, Any]]) -> Counts | None:
+        """A streamed completion's own counts, from its events without content (the finish,
+        usage and details events) as this engine sends them; None when it sent none. vLLM's
+        object rides on the usage event."""
+        usage = next((e for e in reversed(events) if e.get("usage") and not e.get("choices")), None)
+        if usage is None:
+            return None
+        return self.request_figures(Response(usage, True, None, True)).exact
 
     def __repr__(self) -> str:
         return f"<engine {self.kind}>"

@@ -6,9 +6,10 @@ then have to go: nothing is asked."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from exporter.core.counts import MAX_DRAFT_LENGTH, Counts
 from exporter.engines.base import Role
 from exporter.engines.vllm import Vllm
 
@@ -16,7 +17,7 @@ from exporter.engines.vllm import Vllm
 class Llamacpp(Vllm):
     kind = "llamacpp"
     prefix = "llamacpp:"
-    running_gauge = "requests_processing"
+    running_suffix = "requests_processing"
     exact_per_request = frozenset((Role.DRAFT_TOKENS, Role.ACCEPTED))
     asks_stream_usage = False
     asks_event_usage = False
@@ -40,6 +41,15 @@ class Llamacpp(Vllm):
         ):
             return tokens, accepted
         return None
+
+    def stream_counts(self, events: Sequence[Mapping[str, Any]]) -> Counts | None:
+        """Its draft and accepted tokens from the last event with `timings` (the finish event,
+        or the usage event when the stream asked for usage); its verify steps are not sent."""
+        timings = next(
+            (e["timings"] for e in reversed(events) if isinstance(e.get("timings"), dict)), None
+        )
+        found = None if timings is None else self.drafted(timings, MAX_DRAFT_LENGTH)
+        return None if found is None else Counts(None, float(found[0]), float(found[1]))
 
 
 ENGINE = Llamacpp()

@@ -17,7 +17,7 @@ than i drafts are its tail sums, as for vLLM's histogram.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.core import reasons
@@ -139,6 +139,13 @@ class Sglang(Engine):
             return RequestFigures(counts(spec), None, choices)
         except BadSpecObject:
             return RequestFigures(None, reasons.UNKNOWN_SHAPE, choices)
+
+    def stream_counts(self, events: Sequence[Mapping[str, Any]]) -> Counts | None:
+        """Its details ride on an event of their own (`choices: []`), before the usage event."""
+        found = next((d for e in events if (d := details(e)) is not None), None)
+        if found is None:
+            return None
+        return self.request_figures(Response({}, True, found, True)).exact
 
 
 ENGINE = Sglang()

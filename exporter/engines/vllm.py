@@ -19,7 +19,7 @@ NAMES = {
 class Vllm(Engine):
     kind = "vllm"
     prefix = "vllm:"
-    running_gauge: str | None = "num_requests_running"  # after the prefix
+    running_suffix: str | None = "num_requests_running"  # the batch gauge, after the prefix
     exact_per_request = frozenset(
         (Role.DRAFTS, Role.DRAFT_TOKENS, Role.ACCEPTED, Role.PER_POSITION)
     )
@@ -27,7 +27,7 @@ class Vllm(Engine):
     def families(self, prefix: str | None = None) -> EngineFamilies:
         own = self.prefix if prefix is None else prefix
         lead = own + "spec_decode_num_"
-        running = ((own + self.running_gauge, RUNNING),) if self.running_gauge is not None else ()
+        running = ((own + self.running_suffix, RUNNING),) if self.running_suffix is not None else ()
         roles = {lead + suffix: role for suffix, role in NAMES.items()}
         return EngineFamilies(self, lead, roles, gauges=running)
 

@@ -19,41 +19,58 @@ from exporter.core.payoff import (
     DraftLength,
     Speedups,
     best_draft_length,
+    geometric_positions,
     speedups_by_draft_length,
 )
 from exporter.core.stats import Interval, RequestMoments
+from exporter.engines.base import Engine, Role
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
 
 
-def _by_draft_length(c: Counts, payoff: Speedups, interval: Interval | None) -> list[DraftLength]:
-    """The route's speedup at each draft length 0..k, from its per-position acceptance."""
+def _by_draft_length(
+    c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
+) -> list[DraftLength]:
+    """The route's speedup at each draft length 0..k, from its per-position acceptance: its
+    own where its requests state them (`own_positions`), else (llama.cpp: the engine's
+    positions mix every route) the geometric profile of its own acceptance over k positions."""
     if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts:
         return []
     relative = None
     if interval is not None and interval.estimate > 0:
         relative = interval.halfwidth / interval.estimate
+    positions, steps = c.per_position, c.drafts
+    if not own_positions:
+        acceptance = ratios(c).acceptance
+        if acceptance is None or not k:
+            return []
+        positions, steps = geometric_positions(acceptance, k), 1.0
     return speedups_by_draft_length(
-        c.per_position, c.drafts, payoff.plain_seconds, payoff.step_seconds, relative
+        positions, steps, payoff.plain_seconds, payoff.step_seconds, relative
     )
 
 
 class RouteCollector(FamiliesCollector):
     """The routes' figures from the proxy's accounting; the fronted target (the engine the
-    routes share) gives the batch their payoff is computed at and the coverage's whole."""
+    routes share) gives the batch their payoff is computed at and the coverage's whole; the
+    upstream's engine says whether a route's per-position counts are its own."""
 
     def __init__(
         self,
         accounting: Accounting,
         models: dict[str, ModelConfig],
         target: TargetState | None,
+        upstream: Engine,
         clock: Callable[[], float],
     ) -> None:
         self.accounting = accounting
         self.models = models
         self.target = target
         self.clock = clock
+        # whether the routes' per-position counts are their requests' own (vLLM, SGLang), or
+        # the engine's apportioned (llama.cpp): then each route's profile is modelled
+        self._own_positions = Role.PER_POSITION in upstream.exact_per_request
 
     def collect(self) -> Iterator[Metric]:
         yield from self._requests()
@@ -199,7 +216,14 @@ class RouteCollector(FamiliesCollector):
                     exact,
                 )
                 interval = moments.get((route, model), RequestMoments()).interval()
-                _add_payoff(f, [route, model, window.label], c, payoff, interval)
+                options = _by_draft_length(
+                    c,
+                    payoff,
+                    interval,
+                    self._own_positions,
+                    None if config is None else config.num_speculative_tokens,
+                )
+                _add_payoff(f, [route, model, window.label], payoff, options)
             if self.target is not None:
                 engine = total(list(acc.engine_history.increase(window, now).values()))
                 routed = total(list(routes.values()))
@@ -280,18 +304,13 @@ def _window_families() -> _WindowFamilies:
 
 
 def _add_payoff(
-    f: _WindowFamilies,
-    series: list[str],
-    counts: Counts,
-    payoff: Speedups,
-    interval: Interval | None,
+    f: _WindowFamilies, series: list[str], payoff: Speedups, options: list[DraftLength]
 ) -> None:
     """One route's speedups at the load, by draft length, and the best draft length."""
     if payoff.estimated is not None:
         f.speedup_est.add_metric(series, payoff.estimated)
     if payoff.measured is not None:
         f.speedup.add_metric(series, payoff.measured)
-    options = _by_draft_length(counts, payoff, interval)
     for option in options:
         length_series = [*series, str(option.draft_length)]
         f.at_length.add_metric(length_series, option.speedup)

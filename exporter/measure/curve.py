@@ -3,12 +3,13 @@
 At each concurrency level every scenario is replayed (at least 3 x the level's requests, so
 the batch stays near it) against the speculative endpoint, then against the plain one (the
 same model without speculation), so the two see the same load; the engine's running requests
-are sampled from its /metrics while they run. Per level:
+(its batch gauge, `Engine.running_gauge`) are sampled from its /metrics while they run. Per
+level:
 
 - plain seconds per step = decode seconds / decode tokens (one token per plain step);
-- speculative seconds per step = decode seconds / decode steps, the steps from vLLM's
-  per-request objects: verify steps plus the steps that drafted nothing (an n-gram drafter
-  without a match makes one token in such a step), max(num_drafts, tokens - accepted);
+- speculative seconds per step = decode seconds / decode steps, the steps from each request's
+  own counts (`core.payoff.decode_steps`: decode tokens - accepted drafts; vLLM's objects and
+  llama.cpp's timings both state the accepted drafts);
 - tokens per step, decode rates and the speedup (spec rate / plain rate).
 
 Decode = tokens after the first / seconds from the first content token to the last.
@@ -18,25 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 
-from exporter.core.counts import from_spec_object
 from exporter.measure.runner import (
     MeasureError,
     Plan,
+    Request,
     ScenarioResult,
+    client_session,
     engine_page,
     model_name,
     run_scenario,
 )
 from exporter.measure.scenarios import Scenario
-from exporter.measure.stream_client import Result
 from exporter.scrape.exposition import scan
 
-RUNNING_GAUGE = "vllm:num_requests_running"
 SAMPLE_EVERY = 0.25  # seconds between two reads of the running-requests gauge
 LEVEL_ROUNDS = 3  # each scenario sends at least this many times the level's concurrency
 
@@ -49,23 +49,22 @@ class Phase:
     running: list[float] = field(default_factory=list)
 
     @property
-    def requests(self) -> list[Result]:
-        return [r for s in self.results for r in s.results]
+    def requests(self) -> list[Request]:
+        return [r for s in self.results for r in s.requests]
 
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not counted)."""
         tokens = seconds = steps = 0.0
         counted = True
         for r in self.requests:
-            if r.decode_seconds <= 0:
+            own, spent, made = r.decode()
+            if spent <= 0:
                 continue
-            own = max(r.completion_tokens - 1, 0)
-            tokens, seconds = tokens + own, seconds + r.decode_seconds
-            if r.spec is None:
+            tokens, seconds = tokens + own, seconds + spent
+            if made is None:
                 counted = False
                 continue
-            c = from_spec_object(r.spec)
-            steps += max(c.drafts or 0.0, own - (c.accepted or 0.0))  # both a request's own
+            steps += made
         return tokens, seconds, steps if counted and steps else None
 
 
@@ -96,16 +95,18 @@ class Level:
         }
 
 
-def running_requests(page: str) -> float | None:
-    """The mean over the page's engines of vLLM's running-requests gauge (None: absent)."""
-    values = [s.value for s in scan(page, (RUNNING_GAUGE,)).samples if s.name == RUNNING_GAUGE]
+def running_requests(page: str, gauge: str) -> float | None:
+    """The mean over the page's engines of the engine's batch gauge (None: absent)."""
+    values = [s.value for s in scan(page, (gauge,)).samples if s.name == gauge]
     return sum(values) / len(values) if values else None
 
 
-async def _sample(session: aiohttp.ClientSession, metrics_url: str, into: list[float]) -> None:
+async def _sample(
+    session: aiohttp.ClientSession, metrics_url: str, gauge: str, into: list[float]
+) -> None:
     while True:
         with contextlib.suppress(MeasureError):
-            value = running_requests(await engine_page(session, metrics_url))
+            value = running_requests(await engine_page(session, metrics_url), gauge)
             if value is not None:
                 into.append(value)
         await asyncio.sleep(SAMPLE_EVERY)
@@ -122,7 +123,11 @@ async def _phase(
     metrics_url = f"{base_url}/metrics"
     result = ScenarioResult(scenario.name)
     phase.results.append(result)
-    sampler = asyncio.create_task(_sample(session, metrics_url, phase.running))
+    gauge = plan.engine.running_gauge
+    if gauge is None:  # no batch gauge (TensorRT-LLM): the level has no batch to plot against
+        await run_scenario(session, base_url, metrics_url, model, scenario, plan, result)
+        return
+    sampler = asyncio.create_task(_sample(session, metrics_url, gauge, phase.running))
     try:
         await run_scenario(session, base_url, metrics_url, model, scenario, plan, result)
     finally:
@@ -141,16 +146,15 @@ async def measure_curve(
     into: list[Level],
 ) -> None:
     """Every level in turn, each scenario against spec then plain; appends to `into`."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        spec_model = model or await model_name(session, spec_url)
-        plain_model = await model_name(session, plain_url)
+    async with client_session(plan.engine) as client:
+        spec_model = model or await model_name(client, spec_url)
+        plain_model = await model_name(client, plain_url)
         for concurrency in levels:
             level = Level(concurrency)
             into.append(level)
             for scenario in scenarios:
                 # enough requests that the batch stays near the level: >= 3 rounds of it
                 runs = max(plan.runs, -(-LEVEL_ROUNDS * concurrency // len(scenario.prompts)))
-                at = Plan(runs, concurrency, plan.temperature, plan.progress)
-                await _phase(session, spec_url, spec_model, scenario, at, level.spec)
-                await _phase(session, plain_url, plain_model, scenario, at, level.plain)
+                at = replace(plan, runs=runs, concurrency=concurrency)
+                await _phase(client, spec_url, spec_model, scenario, at, level.spec)
+                await _phase(client, plain_url, plain_model, scenario, at, level.plain)

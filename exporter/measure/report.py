@@ -40,11 +40,11 @@ def comparison(spec: Row, plain: Row | None) -> Row | None:
         "step_cost_ratio": None,
         "breakeven_acceptance_rate": None,
     }
-    length, drafts, tokens = spec["mean_acceptance_length"], spec["drafts"], spec["draft_tokens"]
-    if length and drafts:
+    length, k = spec["mean_acceptance_length"], spec.get("draft_length")
+    if length and k:
         cost = length / speedup  # tokens per step / speedup = one step's cost in plain steps
         row["step_cost_ratio"] = cost
-        row["breakeven_acceptance_rate"] = breakeven_acceptance(cost, round(tokens / drafts))
+        row["breakeven_acceptance_rate"] = breakeven_acceptance(cost, k)
     return row
 
 
@@ -164,7 +164,7 @@ def _caveats(rows: list[Row]) -> list[str]:
     if any(r["drafts"] is None and not r.get("interrupted") for r in rows):
         out.append(
             "\nno speculative-decoding counters on /metrics: acceptance is not known "
-            "(is vLLM running with --speculative-config?)"
+            "(is the engine running with speculative decoding, and is --engine right?)"
         )
     return out
 
@@ -187,7 +187,7 @@ def models_block(doc: Row, model: str) -> str:
     """A ready `models:` entry for the sidecar config (step cost: median over scenarios)."""
     base = doc["baseline"] or {}
     costs = [c["step_cost_ratio"] for c in base.get("comparison", []) if c.get("step_cost_ratio")]
-    ks = [round(r["draft_tokens"] / r["drafts"]) for r in doc["scenarios"] if r["drafts"]]
+    ks = [r["draft_length"] for r in doc["scenarios"] if r.get("draft_length")]
     plain = [
         r["decode_tokens_per_second_median"]
         for r in base.get("scenarios", [])

@@ -1,8 +1,10 @@
 """Replays scenarios one after another against an OpenAI-compatible endpoint.
 
 Per request: TTFT and decode rate (completion tokens / seconds after the first token) from
-the stream, and vLLM's per-request spec-decode object when it comes. Per scenario: acceptance
-from the engine's /metrics delta around the scenario (the published method), restart-safe.
+the stream, and the request's own counts where its engine sends them (`Engine.stream_counts`:
+vLLM's per-request object, llama.cpp's timings, SGLang's details). Per scenario: acceptance
+from the engine's /metrics delta around the scenario (the published method), restart-safe. The
+engine is told (`--engine`) or recognised from its /metrics page, never assumed.
 """
 
 from __future__ import annotations
@@ -16,44 +18,64 @@ from typing import Any
 
 import aiohttp
 
-from exporter.core.counts import Counts, from_spec_object, ratios, total
+from exporter.core.counts import Counts, ratios, total
+from exporter.core.payoff import decode_steps
+from exporter.engines import DEFAULT, recognise
+from exporter.engines.base import Engine
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import RequestFailed, Result, stream_chat
 from exporter.scrape.derive import delta
-from exporter.scrape.families import families
 
 
 class MeasureError(Exception):
     """The endpoint cannot be measured (unreachable, refuses every request)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One measured request and its own counts as its engine states them (None: not sent)."""
+
+    result: Result
+    counts: Counts | None
+
+    def decode(self) -> tuple[float, float, float | None]:
+        """(tokens after the first, their seconds, decode steps or None when not known)."""
+        r, c = self.result, self.counts
+        tokens = float(max(r.completion_tokens - 1, 0))
+        if c is None or c.accepted is None:
+            return tokens, r.decode_seconds, None
+        return tokens, r.decode_seconds, decode_steps(tokens, c.accepted, c.drafts)
+
+
 @dataclass
 class ScenarioResult:
     name: str
-    results: list[Result] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    engine: Counts | None = None  # /metrics delta; None without spec counters
+    counted: Counts | None = None  # the engine's /metrics delta; None without spec counters
     interrupted: bool = False  # stopped before the engine's counters were read again
     model: str = ""  # the model name the requests asked for
 
     @property
     def per_request(self) -> Counts | None:
-        objects = [from_spec_object(r.spec) for r in self.results if r.spec is not None]
-        return total(objects) if objects else None
+        own = [r.counts for r in self.requests if r.counts is not None]
+        return total(own) if own else None
 
     def row(self) -> dict[str, Any]:
         """The scenario as the `--json` document has it."""
-        ttft = [r.ttft * 1000 for r in self.results if r.ttft is not None]
-        rates = [x for r in self.results if (x := r.decode_tokens_per_second) is not None]
-        e, p = self.engine, self.per_request
+        results = [r.result for r in self.requests]
+        ttft = [r.ttft * 1000 for r in results if r.ttft is not None]
+        rates = [x for r in results if (x := r.decode_tokens_per_second) is not None]
+        e, p = self.counted, self.per_request
         return {
             "name": self.name,
-            "requests": len(self.results),
+            "requests": len(results),
             "ttft_ms_median": statistics.median(ttft) if ttft else None,
             "decode_tokens_per_second_median": statistics.median(rates) if rates else None,
             "drafts": None if e is None else e.drafts,
             "draft_tokens": None if e is None else e.draft_tokens,
             "accepted_tokens": None if e is None else e.accepted,
+            "draft_length": draft_length(e) if e else None,
             "acceptance_rate": ratios(e).acceptance if e else None,
             "per_request_acceptance_rate": ratios(p).acceptance if p else None,
             "mean_acceptance_length": ratios(e).mean_acceptance_length if e else None,
@@ -61,11 +83,21 @@ class ScenarioResult:
         }
 
 
+def draft_length(counts: Counts) -> int | None:
+    """k from the engine's counters: its per-position series (one per position it drafts:
+    vLLM's and llama.cpp's), else draft tokens per verify step rounded."""
+    if counts.per_position:
+        return len(counts.per_position)
+    if counts.drafts and counts.draft_tokens is not None:
+        return round(counts.draft_tokens / counts.drafts)
+    return None
+
+
 Progress = Callable[[str, int, int], None]
 
 
-def tty_progress(name: str, done: int, todo: int) -> None:
-    """A progress bar on stderr, only on a terminal."""
+def stderr_progress(name: str, done: int, todo: int) -> None:
+    """A progress bar on a terminal; elsewhere (a log, a CI job) one line per finished run."""
     if sys.stderr.isatty():
         width = 30
         filled = width * done // max(todo, 1)
@@ -76,6 +108,8 @@ def tty_progress(name: str, done: int, todo: int) -> None:
             file=sys.stderr,
             flush=True,
         )
+    elif done == todo:
+        print(f"specdec measure: {name}: {done} request(s) done", file=sys.stderr, flush=True)
 
 
 async def model_name(session: aiohttp.ClientSession, base_url: str) -> str:
@@ -103,14 +137,30 @@ async def engine_page(session: aiohttp.ClientSession, metrics_url: str) -> str:
         raise MeasureError(f"cannot reach {metrics_url}: {exc}") from exc
 
 
+async def detect(metrics_url: str) -> Engine | None:
+    """The engine serving `metrics_url`, recognised from its page (None: no known engine's)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        return recognise(await engine_page(session, metrics_url))
+
+
+def client_session(engine: Engine) -> aiohttp.ClientSession:
+    """A client session for the engine: a connection is not reused after a stream where the
+    engine closes it then (llama-server), or the next request would meet the close."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+    connector = aiohttp.TCPConnector(force_close=not engine.keeps_chunked_connections)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How to replay: times each prompt is sent, requests in flight, sampling temperature."""
+    """How to replay: times each prompt is sent, requests in flight, sampling temperature, and
+    the engine whose families and per-request figures are read."""
 
     runs: int = 1
     concurrency: int = 1
     temperature: float | None = None  # None: the server's default
-    progress: Progress = tty_progress
+    progress: Progress = stderr_progress
+    engine: Engine = DEFAULT
 
 
 async def run_scenario(
@@ -124,33 +174,40 @@ async def run_scenario(
 ) -> None:
     """Fill `result` as requests complete (so an interrupted run still has what it got)."""
     result.model = model
-    fams = families("vllm")
+    fams = plan.engine.families()
     before = await engine_page(session, metrics_url)
     todo = plan.runs * len(scenario.prompts)
     queue = list(range(todo))
     url = f"{base_url}/v1/chat/completions"
+    flag = plan.engine.request_flag
 
     async def worker() -> None:
         while queue:
             i = queue.pop(0)
-            body = {
+            body: dict[str, Any] = {
+                **dict(scenario.extra_body),
                 "model": model,
                 "messages": scenario.messages(i),
                 "max_tokens": scenario.max_tokens,
             }
+            if plan.temperature is not None:
+                body["temperature"] = plan.temperature
+            if flag is not None:
+                body[flag] = True
             try:
-                result.results.append(await stream_chat(session, url, body))
+                r = await stream_chat(session, url, body)
+                result.requests.append(Request(r, plan.engine.stream_counts(r.events)))
             except (RequestFailed, aiohttp.ClientError) as exc:
-                result.failures.append(str(exc))
-            plan.progress(scenario.name, len(result.results) + len(result.failures), todo)
+                result.failures.append(str(exc) or type(exc).__name__)
+            plan.progress(scenario.name, len(result.requests) + len(result.failures), todo)
 
     await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
-    if not result.results:
+    if not result.requests:
         raise MeasureError(f"every request of {scenario.name} failed: {result.failures[0]}")
     after = await engine_page(session, metrics_url)
     found = delta(before, after, fams)
     if found.series and not found.after_empty:
-        result.engine = total(list(found.series.values()))
+        result.counted = total(list(found.series.values()))
 
 
 async def measure(
@@ -162,10 +219,9 @@ async def measure(
     into: list[ScenarioResult],
 ) -> None:
     """Run every scenario in turn, appending to `into` as it goes."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        name = model or await model_name(session, base_url)
+    async with client_session(plan.engine) as client:
+        name = model or await model_name(client, base_url)
         for scenario in scenarios:
             result = ScenarioResult(scenario.name)
             into.append(result)
-            await run_scenario(session, base_url, metrics_url, name, scenario, plan, result)
+            await run_scenario(client, base_url, metrics_url, name, scenario, plan, result)

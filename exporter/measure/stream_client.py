@@ -1,8 +1,8 @@
 """A streaming OpenAI-API client that measures what the published method measures.
 
 Per request: TTFT (request sent -> first content token), decode rate = completion tokens /
-seconds after the first token, completion tokens, finish reason, and vLLM's per-request
-`metrics.speculative_decoding` object when the server sends one (final usage chunk).
+seconds after the first token, completion tokens, finish reason, and the events without content
+(finish, usage, details), where an engine's per-request figures ride (`Engine.stream_counts`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Result:
     decode_seconds: float
     completion_tokens: int
     finish_reason: str | None
-    spec: dict[str, Any] | None
+    events: tuple[dict[str, Any], ...] = ()  # the events without content, in order
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -48,7 +48,7 @@ async def stream_chat(
     last = sent
     usage_tokens: int | None = None
     finish: str | None = None
-    spec: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = []
     async with session.post(url, json=payload, headers=headers) as resp:
         if resp.status != 200:
             raise RequestFailed(f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -57,15 +57,18 @@ async def stream_chat(
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            content = False
             for choice in chunk.get("choices") or ():
                 text = (choice.get("delta") or {}).get("content") or choice.get("text")
                 if text:
                     last = time.perf_counter()
                     first = last if first is None else first
+                    content = True
                 finish = choice.get("finish_reason") or finish
+            if not content:
+                events.append(chunk)
             if chunk.get("usage") and not chunk.get("choices"):
                 usage_tokens = chunk["usage"].get("completion_tokens")
-                spec = (chunk.get("metrics") or {}).get("speculative_decoding")
     if usage_tokens is None:
         raise RequestFailed("the stream ended without a usage chunk")
     return Result(
@@ -73,5 +76,5 @@ async def stream_chat(
         decode_seconds=0.0 if first is None else last - first,
         completion_tokens=usage_tokens,
         finish_reason=finish,
-        spec=spec,
+        events=tuple(events),
     )

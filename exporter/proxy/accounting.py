@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from exporter.config import ModelConfig
 from exporter.core.counts import MAX_DRAFT_LENGTH, Counts, total
-from exporter.core.payoff import Decode
+from exporter.core.payoff import Decode, decode_steps
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
@@ -222,17 +222,21 @@ class Accounting:
 
     def _decoded(self, key: RouteKey, req: RequestOutcome) -> None:
         """A streamed request's decode: its tokens after the first content event (prefill's),
-        the seconds from that event to the last, and, when the engine counted its verify steps
-        (source exact), its decode steps: the verify steps plus the steps that drafted nothing
-        (an n-gram drafter without a match), each of which made one token."""
+        the seconds from that event to the last, and, when the engine stated its accepted
+        drafts (source exact: vLLM's object, llama.cpp's timings), its decode steps: verify
+        steps plus the steps that drafted nothing, `core.payoff.decode_steps`."""
         seconds = req.decode_seconds or 0.0
         first = req.increments[0] if req.increments else 1
         tokens = max(req.completion_tokens - first, 0)
-        exact = req.exact if req.exact is not None and req.exact.drafts else None
-        steps = 0.0 if exact is None else max(exact.drafts or 0.0, tokens - (exact.accepted or 0))
-        decode_key = (*key, "estimated" if exact is None else "exact")
+        if req.exact is not None and req.exact.accepted is not None:
+            steps: float | None = decode_steps(tokens, req.exact.accepted, req.exact.drafts)
+        elif req.drafted is not None:
+            steps = decode_steps(tokens, req.drafted[1])
+        else:
+            steps = None
+        decode_key = (*key, "estimated" if steps is None else "exact")
         self.decode[decode_key] = self.decode.get(decode_key, Decode()) + Decode(
-            tokens, seconds, steps
+            tokens, seconds, steps or 0.0
         )
         self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(tokens / seconds)
 

@@ -44,8 +44,9 @@ class Page:
     gauges: dict[SeriesKey, dict[str, float]] = field(default_factory=dict)  # engine's own
 
 
-def read_page(text: str, fams: EngineFamilies) -> Page:
-    """Group the page's samples of `fams` by (model_name, engine); bad samples are counted."""
+def read_page(text: str, fams: EngineFamilies, model: str = "") -> Page:
+    """Group the page's samples of `fams` by (model_name, engine); bad samples are counted.
+    `model`: the model_name of samples without one (an engine serving one model unlabelled)."""
     found = scan(text, (fams.lead, *(g for g, _ in fams.gauges if not g.startswith(fams.lead))))
     grouped = _Grouped(fams, found.bad_lines)
     own = dict(fams.gauges)
@@ -54,14 +55,14 @@ def read_page(text: str, fams: EngineFamilies) -> Page:
         name = sample.name
         if name in own:
             labels = dict(sample.labels)
-            key = (labels.get("model_name", ""), labels.get("engine", ""))
+            key = (labels.get("model_name") or model, labels.get("engine", ""))
             if sample.value == sample.value:  # NaN: nothing reported
                 grouped.gauges.setdefault(key, {}).setdefault(own[name], []).append(sample.value)
             continue
         kind = classify(name)
         if kind is not None:
             labels = dict(sample.labels)
-            key = (labels.get("model_name", ""), labels.get("engine", ""))
+            key = (labels.get("model_name") or model, labels.get("engine", ""))
             counter(key, labels, kind[0], kind[1], sample.value)
     return grouped.page()
 

@@ -38,8 +38,9 @@ class ScrapeError(Exception):
 class TargetState:
     """Everything the exporter knows about one target: sums, windows and health."""
 
-    def __init__(self, target: Target, windows: tuple[Window, ...]) -> None:
+    def __init__(self, target: Target, windows: tuple[Window, ...], model: str = "") -> None:
         self.target = target
+        self.model = target.model_name or model  # for series the engine leaves unlabelled
         self.engine: Engine = engine(target.engine)
         self.families: EngineFamilies = self.engine.families(target.prefix)
         self.store = RunningTotals()
@@ -53,11 +54,11 @@ class TargetState:
         self.batch_history: History[SeriesKey, Batch] = History(windows, born_at_zero=True)
         self._last_page_at: float | None = None
 
-    def carried(self, target: Target, windows: tuple[Window, ...]) -> TargetState:
+    def carried(self, target: Target, windows: tuple[Window, ...], model: str = "") -> TargetState:
         """A new state for the same target (by name) under a reloaded config: its running
         totals, health and batch go on, its windows are `windows` over the same history. This
         state is left as it was (the reload swaps whole, then drops it)."""
-        new = TargetState(target, windows)
+        new = TargetState(target, windows, model)
         new.store, new.errors, new.bad_lines = self.store, self.errors, self.bad_lines
         new.status, new.last_duration, new.gauges = self.status, self.last_duration, self.gauges
         new.history = self.history.with_windows(windows)
@@ -91,7 +92,7 @@ class TargetState:
     def ingest(self, text: str, now: float) -> list[tuple[str, str]]:
         """Feed one page; returns the series that restarted. Raises ScrapeError for a page
         without any spec-decode series (speculation off, wrong prefix or garbage)."""
-        page = read_page(text, self.families)
+        page = read_page(text, self.families, self.model)
         self.bad_lines += page.bad_lines
         restarted = self.store.feed(page)
         self._integrate(page.gauges, now)

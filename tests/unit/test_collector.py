@@ -12,6 +12,7 @@ from exporter.config import Target
 from exporter.core.counts import Counts
 from exporter.core.faults import Faults
 from exporter.core.windows import Window, parse_window
+from exporter.engines import DEFAULT
 from exporter.export.guarded import Guarded
 from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import ERROR_REASONS, TargetCollector
@@ -292,7 +293,7 @@ def test_coverage_compares_routes_and_engine_over_the_same_instants() -> None:
         page_at(t, 1.0)
         tick(t)
     registry = CollectorRegistry()
-    registry.register(RouteCollector(acc, {}, gpu, clock=lambda: 2.25))
+    registry.register(RouteCollector(acc, {}, gpu, DEFAULT, clock=lambda: 2.25))
     found = {
         (s.name, s.labels["window"]): s.value
         for f in text_string_to_metric_families(generate_latest(registry).decode())

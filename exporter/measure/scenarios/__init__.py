@@ -3,7 +3,8 @@
 `ja_chat` (Japanese voice chat with a persona) and `code_agent` (English coding tasks) ship
 with the package; `specdec demo` sends them as traffic and `specdec measure` replays them.
 Users bring their own in YAML (a mapping, or a list of them) or JSONL (one scenario a line),
-with the same fields: name, max_tokens, system (optional), prompts.
+with the same fields: name, max_tokens, system (optional), prompts, and extra_body (optional:
+request fields sent as they are with each request, e.g. the sampling a workload uses).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import yaml
 
 BUILTIN = ("ja_chat", "code_agent")
-FIELDS = ("name", "max_tokens", "system", "prompts")
+FIELDS = ("name", "max_tokens", "system", "prompts", "extra_body")
+OWN = ("model", "messages", "max_tokens", "stream", "stream_options")  # what measure sends
 
 
 class ScenarioError(Exception):
@@ -30,6 +32,7 @@ class Scenario:
     max_tokens: int
     system: str | None
     prompts: tuple[str, ...]
+    extra_body: tuple[tuple[str, Any], ...] = ()  # request fields sent with each request
 
     def messages(self, index: int) -> list[dict[str, str]]:
         """The chat messages of prompt `index` (wrapping around)."""
@@ -110,4 +113,13 @@ def from_mapping(data: Any, where: str) -> Scenario:
         raise ScenarioError(f"{where}: prompts: expected a non-empty list of non-empty strings")
     if system is not None and not isinstance(system, str):
         raise ScenarioError(f"{where}: system: expected a string")
-    return Scenario(name, cap, system, tuple(prompts))
+    extra = data.get("extra_body") or {}
+    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+        raise ScenarioError(f"{where}: extra_body: expected a mapping of request fields")
+    taken = sorted(set(extra) & set(OWN))
+    if taken:
+        raise ScenarioError(
+            f"{where}: extra_body: {taken[0]!r} is set by measure itself; "
+            f"extra_body cannot hold {', '.join(OWN)}"
+        )
+    return Scenario(name, cap, system, tuple(prompts), tuple(extra.items()))

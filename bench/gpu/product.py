@@ -1,0 +1,199 @@
+"""The product's own path on the bench's servers, as a user runs it: `specdec measure
+--concurrency` against the speculative and the plain server (the routes' prompts, caps and
+request fields), its printed `models:` block pasted as it is into a sidecar config, `specdec
+serve` with the proxy and both routes, the sidecar's figures read off its /metrics, and
+`specdec advise`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.gpu.traffic import Route
+from exporter.measure.scenarios import builtin
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def specdec(*args: str) -> list[str]:
+    return [sys.executable, "-m", "exporter", *args]
+
+
+def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8) -> Path:
+    """The routes as `measure` scenarios: their prompts (the first `prompts`), caps and
+    request fields, so measure's curve sees the traffic the A/B sends."""
+    lines = []
+    for r in routes:
+        s = builtin(r.scenario)
+        extra = {k: v for k, v in r.body(0, None).items() if k not in ("model", "messages",
+                                                                         "max_tokens")}  # fmt: skip
+        lines.append(json.dumps({"name": r.name, "max_tokens": r.max_tokens, "system": s.system,
+                                 "prompts": list(s.prompts[:prompts]), "extra_body": extra},
+                                ensure_ascii=False))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def measure(spec: str, plain: str, levels: Sequence[int], pack: Path, log: Path) -> str:
+    """`specdec measure --concurrency` as printed (a table, then the `models:` block)."""
+    cmd = specdec("measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file",
+                  str(pack), "--concurrency", ",".join(map(str, levels)))  # fmt: skip
+    with log.open("ab") as err:
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=1200)
+    if out.returncode:
+        raise RuntimeError(f"measure exited {out.returncode}: {log.read_text()[-2000:]}")
+    return out.stdout
+
+
+def models_block(printed: str) -> str:
+    """The `models:` block measure printed (the last part of its output), as it is."""
+    lines = printed.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("models:")), None)
+    if start is None:
+        raise RuntimeError(f"measure printed no models: block:\n{printed[-2000:]}")
+    return "\n".join(lines[start:]) + "\n"
+
+
+def curve(block: str) -> list[dict[str, float]]:
+    """The step-time points of a models: block."""
+    models = yaml.safe_load(block)["models"]
+    return list(models[0].get("step_time") or [])
+
+
+def sidecar_config(path: Path, spec: str, proxy_port: int, window: str,
+                   routes: Sequence[Route], block: str) -> None:  # fmt: skip
+    """A sidecar config: the speculative server scraped and fronted, a route per header, one
+    window, and measure's block pasted as printed."""
+    rules = "\n".join(
+        f"    - {{name: {r.name}, when: {{header: {{x-route: {r.header}}}}}}}" for r in routes
+    )
+    path.write_text(
+        f"""targets:
+  - {{name: llamacpp, url: "{spec}/metrics", engine: llamacpp, interval: 250ms}}
+windows: [{window}]
+proxy:
+  upstream: {spec}
+  listen: 127.0.0.1:{proxy_port}
+  routes:
+{rules}
+{block}""",
+        encoding="utf-8",
+    )
+
+
+def get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return str(resp.read().decode("utf-8", errors="replace"))
+
+
+@contextmanager
+def serve(config: Path, listen_port: int, log: Path) -> Iterator[str]:
+    """`specdec serve --config` until the with-block ends; yields its /metrics URL."""
+    cmd = specdec("serve", "--config", str(config), "--listen", f"127.0.0.1:{listen_port}")
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{listen_port}/metrics"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"specdec serve exited: {log.read_text()[-2000:]}")
+            try:
+                get(url)
+                break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"specdec serve not up: {log.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def parse(page: str) -> Samples:
+    found: Samples = {}
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            found.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return found
+
+
+def one(samples: Samples, name: str, **labels: str) -> float | None:
+    hits = [v for lb, v in samples.get(name, []) if all(lb.get(k) == v for k, v in labels.items())]
+    return hits[0] if hits else None
+
+
+def summed(samples: Samples, name: str, **labels: str) -> float:
+    return sum(
+        v for lb, v in samples.get(name, []) if all(lb.get(k) == w for k, w in labels.items())
+    )
+
+
+@dataclass
+class Reading:
+    """What the sidecar said of a route over one speculative phase (its window)."""
+
+    estimated: float | None
+    measured: float | None
+    acceptance: float | None
+    tokens_per_step: float | None  # per verify step (its mean acceptance length)
+    by_draft_length: dict[int, float] = field(default_factory=dict)
+    halfwidths: dict[int, float] = field(default_factory=dict)
+    best_draft_length: int | None = None
+    batch: float | None = None  # the engine's mean batch over the phase (its counters)
+
+
+def reading(before: str, after: str, route: str, window: str) -> Reading:
+    """A route's figures over `window` from the page at the phase's end, and the engine's
+    batch over the phase from the two pages' counters (b dt / dt)."""
+    a, b = parse(after), parse(before)
+    key = {"route": route, "window": window}
+    lengths = {int(lb["draft_length"]): v for lb, v in a.get(
+        "specdec_route_speedup_at_draft_length_ratio", []) if _match(lb, key)}  # fmt: skip
+    halves = {int(lb["draft_length"]): v for lb, v in a.get(
+        "specdec_route_speedup_at_draft_length_ci_halfwidth", []) if _match(lb, key)}  # fmt: skip
+    best = one(a, "specdec_route_best_draft_length", **key)
+    request_s = summed(a, "specdec_engine_running_request_seconds_total") - summed(
+        b, "specdec_engine_running_request_seconds_total")  # fmt: skip
+    batch_s = summed(a, "specdec_engine_running_request_batch_seconds_total") - summed(
+        b, "specdec_engine_running_request_batch_seconds_total")  # fmt: skip
+    return Reading(
+        one(a, "specdec_route_estimated_speedup_ratio", **key),
+        one(a, "specdec_route_speedup_ratio", **key),
+        one(a, "specdec_route_acceptance_ratio", **key),
+        one(a, "specdec_route_mean_acceptance_length", **key),
+        lengths,
+        halves,
+        None if best is None else int(best),
+        batch_s / request_s if request_s > 0 else None,
+    )
+
+
+def _match(labels: dict[str, str], want: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in want.items())
+
+
+def advise(sidecar_metrics: str, window: str) -> dict[str, Any]:
+    """`specdec advise --json` on the sidecar (its error, when it gives none)."""
+    base = sidecar_metrics.removesuffix("/metrics")
+    out = subprocess.run(specdec("advise", "--sidecar", base, "--window", window, "--json"),
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    if out.returncode:
+        return {"error": out.stderr.strip()}
+    return dict(json.loads(out.stdout))

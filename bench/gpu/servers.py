@@ -1,0 +1,116 @@
+"""The bench's llama-servers: a plain one and speculative ones of the same target (a draft model,
+synthetic acceptance, no draft-probability cut-off so every step drafts k), all started at once
+and stopped on the way out whatever happens."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.gpu.traffic import MODEL
+
+
+@dataclass(frozen=True)
+class Models:
+    target: Path
+    draft: Path
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the servers run: slots, context, and whether layers go to the GPU."""
+
+    parallel: int = 32
+    ctx: int = 32768
+    gpu: bool = True
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def command(binary: Path, models: Models, port: int, launch: Launch, k: int | None,
+            rates: Sequence[float] = ()) -> list[str]:  # fmt: skip
+    """A llama-server command: plain when `k` is None, else drafting up to k tokens a step with
+    `rates` as the server-wide synthetic acceptance (requests bring their own)."""
+    args = [
+        str(binary), "-m", str(models.target), "--alias", MODEL,
+        "--host", "127.0.0.1", "--port", str(port), "--metrics", "--no-webui",
+        "-np", str(launch.parallel), "-c", str(launch.ctx), "-fa", "on",
+        "--chat-template", "chatml",
+    ]  # fmt: skip
+    if launch.gpu:
+        args += ["-ngl", "99"]
+    if k is not None:
+        args += [
+            "--spec-type", "draft-simple", "-md", str(models.draft),
+            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
+            "--spec-synth-rates", ",".join(f"{r:g}" for r in rates[:k]),
+        ]  # fmt: skip
+        if launch.gpu:
+            args += ["-ngld", "99"]
+    return args
+
+
+@contextmanager
+def running(servers: Sequence[Server], timeout: float = 300.0) -> Iterator[None]:
+    """Start every server at once, wait until all are healthy; stop them all on the way out."""
+    try:
+        for s in servers:
+            s.log.parent.mkdir(parents=True, exist_ok=True)
+            with s.log.open("ab") as log:
+                s.proc = subprocess.Popen(s.args, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        waiting = list(servers)
+        while waiting:
+            for s in list(waiting):
+                if s.proc is not None and s.proc.poll() is not None:
+                    tail = s.log.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{s.name} llama-server exited:\n{tail}")
+                if s.healthy():
+                    waiting.remove(s)
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(s.name for s in waiting)
+                raise TimeoutError(f"not healthy after {timeout:.0f} s: {names}")
+            time.sleep(0.2)
+        yield
+    finally:
+        for s in servers:
+            s.stop()

@@ -1,0 +1,131 @@
+"""The bench's two routes and their closed-loop traffic.
+
+Both routes share one speculative llama-server; each request carries its route's synthetic
+per-position acceptance (`speculative.synth_rates`, the bench's patch to the server) and, in
+the draft-length sweep, its draft length (`speculative.n_max`). Through the proxy a header
+names the route; the plain server gets the same requests. `ignore_eos`: random weights would
+end requests at random lengths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from bench.gpu.rounds import Rate
+from exporter.measure.scenarios import builtin
+from exporter.measure.stream_client import RequestFailed, stream_chat
+
+MODEL = "bench"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A workload: its prompts (a built-in scenario), token cap, header value and acceptance
+    (unconditional per position: P(more than i drafts accepted), as llama.cpp's
+    --spec-synth-rates reads them)."""
+
+    name: str
+    scenario: str
+    max_tokens: int
+    header: str
+    rates: tuple[float, ...]
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted / drafted tokens at k = 3 (the deployed draft length)."""
+        return sum(self.rates[:3]) / 3
+
+    def body(self, index: int, k: int | None) -> dict[str, Any]:
+        """Request `index` of the route (its prompts in turn)."""
+        found: dict[str, Any] = {
+            "model": MODEL,
+            "messages": builtin(self.scenario).messages(index),
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+            "speculative.synth_rates": list(self.rates),
+        }
+        if k is not None:
+            found["speculative.n_max"] = k
+        return found
+
+
+# the published workloads (36 % and 71 % acceptance at k = 3); positions 4-5 for the sweep
+VOICE = Route("voice_chat", "ja_chat", 80, "voice", (0.60, 0.30, 0.18, 0.10, 0.06))
+AGENT = Route("coding_agent", "code_agent", 200, "agent", (0.85, 0.70, 0.58, 0.48, 0.40))
+ROUTES = (VOICE, AGENT)
+
+
+def assignment(routes: Sequence[Route], concurrency: int) -> list[list[Route]]:
+    """Per client, the routes it sends in turn: one client alternates them; otherwise the
+    clients are split between the routes (half each for two)."""
+    if concurrency == 1:
+        return [list(routes)]
+    return [[routes[w % len(routes)]] for w in range(concurrency)]
+
+
+async def phase(
+    base_url: str,
+    routes: Sequence[Route],
+    concurrency: int,
+    seconds: float,
+    k: int | None = None,
+    proxied: bool = False,
+) -> tuple[dict[str, Rate], int]:
+    """Closed-loop clients for `seconds`; per route the decode tokens and seconds of the
+    requests that finished inside the phase (those in flight at its end are cancelled and not
+    counted), and how many requests failed."""
+    found = {r.name: Rate() for r in routes}
+    failed = 0
+    url = f"{base_url}/v1/chat/completions"
+
+    async def client(mine: list[Route], offset: int, session: aiohttp.ClientSession) -> None:
+        nonlocal failed
+        i = offset
+        while True:
+            route = mine[i % len(mine)]
+            headers = {"X-Route": route.header} if proxied else None
+            try:
+                r = await stream_chat(session, url, route.body(i, k), headers)
+            except (RequestFailed, aiohttp.ClientError):
+                failed += 1
+                await asyncio.sleep(0.05)  # not a busy loop against a failing server
+            else:
+                if r.decode_seconds > 0:
+                    found[route.name].add(float(r.completion_tokens - 1), r.decode_seconds)
+            i += 1
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
+    # llama-server closes a connection after a stream: never reuse one
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        tasks = [
+            asyncio.create_task(client(mine, w, session))
+            for w, mine in enumerate(assignment(routes, concurrency))
+        ]
+        await asyncio.sleep(seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return found, failed
+
+
+async def idle(metrics_url: str, timeout: float = 30.0) -> None:
+    """Wait until the server's batch gauge reads 0 (cancelled requests released)."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(metrics_url) as resp:
+                    text = await resp.text()
+            except aiohttp.ClientError:
+                text = ""
+            for line in text.splitlines():
+                if line.startswith("llamacpp:requests_processing ") and float(line.split()[1]) == 0:
+                    return
+            await asyncio.sleep(0.1)

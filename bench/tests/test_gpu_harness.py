@@ -1,0 +1,263 @@
+"""The GPU bench's own logic (bench/gpu/), which CI cannot run on a GPU: the A/B's rules (rounds
+until two agree, the outlier named, never averaged in), the traffic's route assignment and
+request fields, the patch applier, the measure pack and the table."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import build, product, table
+from bench.gpu.rounds import (
+    Rate,
+    Round,
+    agree,
+    agreeing_pair,
+    best,
+    outliers,
+    settled,
+    truth,
+    verdict,
+    within,
+)
+from bench.gpu.traffic import AGENT, ROUTES, VOICE, assignment
+from exporter.config import load
+from exporter.measure.scenarios import load_file
+
+
+def rnd(spec: dict[str, float], plain: dict[str, float], seconds: float = 10.0) -> Round:
+    """A round whose routes decoded at the given tok/s (10 s of decode each)."""
+    return Round(
+        {r: Rate(v * seconds, seconds, 5) for r, v in spec.items()},
+        {r: Rate(v * seconds, seconds, 5) for r, v in plain.items()},
+    )
+
+
+def test_two_rounds_within_5_percent_agree_and_are_pooled() -> None:
+    rounds = [rnd({"a": 110}, {"a": 100}), rnd({"a": 114}, {"a": 100})]
+    assert agree(1.10, 1.14) and not agree(1.10, 1.16)
+    assert agreeing_pair(rounds, "a") == (0, 1)
+    assert settled(rounds, ["a"])
+    assert truth(rounds, "a", (0, 1)) == pytest.approx(224 / 200)
+
+
+def test_a_round_that_moved_is_named_and_left_out() -> None:
+    # round 2's plain phase ran at a third of its usual rate (GPU_FACTS saw this once)
+    rounds = [
+        rnd({"a": 110}, {"a": 100}),
+        rnd({"a": 111}, {"a": 33}),
+        rnd({"a": 112}, {"a": 101}),
+    ]
+    assert agreeing_pair(rounds, "a") == (0, 2)
+    v = verdict(rounds, "a")
+    assert v.truth == pytest.approx(222 / 201)
+    assert v.pair == (0, 2)
+    assert len(v.outliers) == 1
+    assert v.outliers[0].startswith("round 2: its plain phase ran at x0.33")
+
+
+def test_no_agreeing_pair_is_no_truth() -> None:
+    rounds = [rnd({"a": 110}, {"a": 100}), rnd({"a": 130}, {"a": 100})]
+    assert not settled(rounds, ["a"])
+    v = verdict(rounds, "a")
+    assert v.truth is None and v.pair is None
+    assert len(outliers(rounds, "a", None)) == 2
+
+
+def test_every_route_must_settle() -> None:
+    rounds = [
+        rnd({"a": 110, "b": 90}, {"a": 100, "b": 100}),
+        rnd({"a": 111, "b": 70}, {"a": 100, "b": 100}),
+    ]
+    assert agreeing_pair(rounds, "a") == (0, 1)
+    assert not settled(rounds, ["a", "b"])
+
+
+def test_within_and_best() -> None:
+    assert within(1.09, 1.0, 0.10) and not within(1.11, 1.0, 0.10)
+    assert within(None, 1.0, 0.1) is None
+    assert best({0: 1.0, 1: 1.2, 2: 1.15}) == (1, pytest.approx(1.2 / 1.15 - 1))
+    assert best({0: 1.0}) == (0, float("inf"))
+
+
+def test_one_client_alternates_the_routes_more_split_them() -> None:
+    assert assignment(ROUTES, 1) == [[VOICE, AGENT]]
+    split = assignment(ROUTES, 4)
+    assert [c[0].name for c in split] == ["voice_chat", "coding_agent"] * 2
+
+
+def test_a_request_carries_its_routes_acceptance_and_draft_length() -> None:
+    body = AGENT.body(3, 2)
+    assert body["speculative.synth_rates"] == list(AGENT.rates)
+    assert body["speculative.n_max"] == 2
+    assert body["ignore_eos"] is True
+    assert "speculative.n_max" not in VOICE.body(0, None)
+    assert VOICE.acceptance == pytest.approx(0.36)
+    assert AGENT.acceptance == pytest.approx(0.71)
+
+
+def test_the_patch_applier_takes_a_unified_diff(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.cpp").write_text("a\nb\nc\nd\n")
+    patch = tmp_path / "p.patch"
+    patch.write_text(
+        "diff --git a/d/f.cpp b/d/f.cpp\n--- a/d/f.cpp\n+++ b/d/f.cpp\n"
+        "@@ -1,4 +1,4 @@\n a\n-b\n+B\n c\n d\n"
+    )
+    build.apply_patch(src, patch)
+    assert (src / "d" / "f.cpp").read_text() == "a\nB\nc\nd\n"
+    build.apply_patch(src, patch)  # a second time: the marker says it is done
+    assert (src / "d" / "f.cpp").read_text() == "a\nB\nc\nd\n"
+    other = tmp_path / "other"
+    (other / "d").mkdir(parents=True)
+    (other / "d" / "f.cpp").write_text("x\n")
+    with pytest.raises(build.BuildError, match=r"d/f\.cpp, hunk 1 does not apply"):
+        build.apply_patch(other, patch)
+
+
+def test_the_shipped_patch_parses_into_its_two_files() -> None:
+    files = build.parse_patch(build.PATCH.read_text())
+    assert [f for f, _ in files] == [
+        "tools/server/server-context.cpp",
+        "tools/server/server-schema.cpp",
+    ]
+    assert all(old and new and old != new for _, hunks in files for old, new in hunks)
+
+
+def test_a_packed_tree_unpacks_to_its_source(tmp_path: Path) -> None:
+    tree = tmp_path / "llama.cpp"
+    (tree / "ggml" / "src" / "ggml-metal").mkdir(parents=True)
+    (tree / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
+    (tree / "docs").mkdir()
+    (tree / "CMakeLists.txt").write_text("")
+    build.trim(tree)
+    assert not (tree / "docs").exists() and not (tree / "ggml" / "src" / "ggml-metal").exists()
+    assert (tree / "ggml" / "src" / "ggml-cuda").is_dir()
+    packed = tmp_path / "t.tgz"
+    build.pack(tree, packed)
+    assert build.unpack(packed, tmp_path / "out") == tmp_path / "out" / "llama.cpp"
+    bad = tmp_path / "bad.tgz"
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(packed, arcname="x")
+    with pytest.raises(build.BuildError, match="neither an sdist"):
+        build.unpack(bad, tmp_path / "out2")
+
+
+def test_the_measure_pack_carries_each_routes_request_fields(tmp_path: Path) -> None:
+    pack = product.scenario_pack(tmp_path / "pack.jsonl", ROUTES, prompts=3)
+    scenarios = load_file(pack)
+    assert [s.name for s in scenarios] == ["voice_chat", "coding_agent"]
+    extra = dict(scenarios[1].extra_body)
+    assert extra == {"ignore_eos": True, "speculative.synth_rates": list(AGENT.rates)}
+    assert len(scenarios[0].prompts) == 3 and scenarios[0].max_tokens == VOICE.max_tokens
+
+
+PRINTED = """concurrency  running  s/step spec
+1            1.0      0.0050
+
+models:   # for the sidecar config (specdec serve --config)
+  - name: bench
+    num_speculative_tokens: 3
+    step_cost_ratio: 1.85
+    plain_decode_tokens_per_second: 214.0
+    step_time:   # seconds per decode step against the engine's running requests
+      - {running: 1.00, plain_seconds: 0.004673, verify_seconds: 0.008645}
+      - {running: 15.80, plain_seconds: 0.008100, verify_seconds: 0.031000}
+"""
+
+
+def test_the_printed_block_makes_a_config_that_loads(tmp_path: Path) -> None:
+    block = product.models_block(PRINTED)
+    assert block.startswith("models:")
+    assert product.curve(block)[1] == {
+        "running": 15.8,
+        "plain_seconds": 0.0081,
+        "verify_seconds": 0.031,
+    }
+    path = tmp_path / "specdec.yaml"
+    product.sidecar_config(path, "http://127.0.0.1:9", 9001, "11s", ROUTES, block)
+    config = load(path)
+    assert config.models[0].name == "bench" and len(config.models[0].step_time) == 2
+    assert config.targets[0].engine == "llamacpp"
+    assert [r.name for r in config.proxy.routes] == ["voice_chat", "coding_agent"]  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="no models: block"):
+        product.models_block("concurrency ...\n")
+
+
+def page(request_seconds: float, batch_seconds: float) -> str:
+    """A sidecar page: one route's window figures and the engine's batch counters."""
+    route = 'model_name="bench",route="voice_chat",window="11s"'
+    engine = 'engine="",model_name="bench",target="llamacpp"'
+    return "\n".join(
+        [
+            f"specdec_route_estimated_speedup_ratio{{{route}}} 1.1",
+            f"specdec_route_speedup_ratio{{{route}}} 1.09",
+            f'specdec_route_speedup_at_draft_length_ratio{{draft_length="0",{route}}} 1.0',
+            f'specdec_route_speedup_at_draft_length_ratio{{draft_length="1",{route}}} 1.2',
+            f"specdec_route_best_draft_length{{{route}}} 1",
+            f"specdec_engine_running_request_seconds_total{{{engine}}} {request_seconds}",
+            f"specdec_engine_running_request_batch_seconds_total{{{engine}}} {batch_seconds}",
+        ]
+    )
+
+
+def test_a_reading_is_the_routes_window_and_the_phases_batch() -> None:
+    before, after = page(10, 40), page(170, 2600)  # 160 request-seconds at batch 16
+    r = product.reading(before, after, "voice_chat", "11s")
+    assert (r.estimated, r.measured, r.best_draft_length) == (1.1, 1.09, 1)
+    assert r.by_draft_length == {0: 1.0, 1: 1.2}
+    assert r.batch == pytest.approx(16.0)
+    assert product.reading(before, after, "coding_agent", "11s").estimated is None
+
+
+def test_the_table_shows_truth_sidecar_and_sweep() -> None:
+    route = {
+        "truth": 1.10,
+        "rounds": [1.09, 1.30, 1.11],
+        "pair": [0, 2],
+        "outliers": ["round 2: its plain phase ran at x0.85 of the others'"],
+        "estimated": 1.12,
+        "measured": 1.13,
+        "tokens_per_step": 2.07,
+        "batch": 1.0,
+        "best_draft_length": [1, 1],
+    }
+    data = {
+        "levels": [{"concurrency": 1, "routes": {"voice_chat": route}}],
+        "alone": [],
+        "sweep": [
+            {
+                "concurrency": 1,
+                "route": "voice_chat",
+                "speedup": {"0": 1.0, "1": 1.2, "2": 1.15},
+                "best": 1,
+                "lead": 0.043,
+            }
+        ],
+    }
+    text = table.report(json.loads(json.dumps(data)))  # as read back from results.json
+    assert "x1.100" in text and "[1.090] 1.300 [1.110]" in text and "+1.8%" in text
+    assert "round 2: its plain phase" in text
+    assert "1 (+4.3%)" in text
+    sweep = text.splitlines()[-1].split()
+    assert sweep[:5] == ["1", "voice_chat", "1.000", "1.200", "1.150"]
+    assert sweep[-2:] == ["1", "-"]  # the sidecar's best k beside; no advise recorded
+
+
+def test_the_harness_refuses_an_unknown_step(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "bench/gpu_payoff.py", "--steps", "ab,nope", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "--steps takes build,models,ab,sweep" in out.stderr
