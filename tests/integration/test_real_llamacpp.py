@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import tempfile
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,10 +27,11 @@ from typing import Any, NoReturn
 import aiohttp
 import pytest
 
-from exporter.config import Config, ProxyConfig, Target
+from bench.gpu import build as gpu_build
+from exporter.config import Config, ModelConfig, ProxyConfig, StepTimePoint, Target, load
 from exporter.core.windows import Window
 from exporter.sidecar import Sidecar
-from tests.helpers import eventually, free_port, samples
+from tests.helpers import eventually, free_port, samples, scenario_pack, specdec
 from tests.real_llamacpp.server import LlamaServer, ensure_model, ensure_server
 from tests.rig import ROUTES
 
@@ -47,6 +50,7 @@ COUNTERS = {  # the server's family -> the sidecar's
     "llamacpp:spec_decode_num_accepted_tokens_total": "specdec_accepted_tokens_total",
 }
 PROMPT = "the cat sat on the mat"
+WINDOW = Window("30s", 30.0)  # a window's gauges appear once the sidecar is as old
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -91,14 +95,31 @@ def summed(
     return sum(v for (n, ls), v in page.items() if n == name and set(labels.items()) <= set(ls))
 
 
+@pytest.fixture(scope="module")
+def plain_server(server: LlamaServer) -> Iterator[LlamaServer]:
+    """The same model without speculation: the baseline of `measure`."""
+    log = server.log_path.with_name("plain.log")
+    srv = LlamaServer(server.binary, server.model, free_port(), (), log)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 @asynccontextmanager
-async def sidecar(srv: LlamaServer) -> AsyncIterator[tuple[str, str]]:
+async def sidecar(
+    srv: LlamaServer,
+    window: Window = WINDOW,
+    models: tuple[ModelConfig, ...] = (),
+) -> AsyncIterator[tuple[str, str]]:
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
         targets=(Target("llamacpp", srv.metrics_url, engine="llamacpp", interval=0.2),),
-        windows=(Window("30s", 30.0),),  # a window's gauges appear once the sidecar is as old
+        windows=(window,),
         proxy=ProxyConfig(srv.base_url, ("127.0.0.1", proxy_port), "llamacpp", ROUTES),
+        models=models,
     )
     side = Sidecar(config)
     await side.start()
@@ -265,3 +286,108 @@ async def test_a_restart_of_the_server_keeps_the_sidecars_counters_monotonic(
         second["llamacpp:spec_decode_num_draft_tokens_total"]
         < want["llamacpp:spec_decode_num_draft_tokens_total"]
     )
+
+
+def _counters(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("llamacpp:") and "{" not in line
+    }
+
+
+def test_decode_steps_from_timings_match_the_servers_own_counts(server: LlamaServer) -> None:
+    """The derivation the payoff rests on (docs/metrics.md): llama.cpp states a request's
+    generated and accepted draft tokens, not its steps; each decode step makes one token plus
+    the drafts it accepted, so its decode steps are predicted_n - 1 - draft_n_accepted. One at a
+    time, the server's llama_decode calls (n_decode_total) are a prefill call per request plus
+    exactly those steps; its verify steps (spec_decode_num_drafts_total) are those less the
+    steps without a draft (the last token, when only one was left: at most one a request)."""
+    before = _counters(server.metrics_url)
+    steps = 0
+    n = 10
+    for i in range(n):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": f"{PROMPT} {i}"}]}
+        body |= {"max_tokens": 20 + 7 * i, "temperature": 0}
+        request = urllib.request.Request(
+            server.base_url + "/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            timings = json.loads(resp.read())["timings"]
+        steps += timings["predicted_n"] - 1 - timings.get("draft_n_accepted", 0)
+    after = _counters(server.metrics_url)
+    drafts = after["llamacpp:spec_decode_num_drafts_total"]
+    drafts -= before["llamacpp:spec_decode_num_drafts_total"]
+    decodes = after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"]
+    assert steps == decodes - n
+    assert drafts <= steps <= drafts + n
+
+
+def test_measure_on_a_real_llamacpp_pair_prints_a_block_that_loads(
+    server: LlamaServer, plain_server: LlamaServer, tmp_path: Path
+) -> None:
+    """`specdec measure --concurrency` against a real llama-server and its plain twin: the
+    engine recognised from the page, no request lost to a reused connection (the server closes
+    one after a stream), a batch from requests_processing, the block loads as printed."""
+    out = subprocess.run(
+        specdec("measure", "--base-url", server.base_url, "--baseline-url",
+                plain_server.base_url, "--scenario-file", str(scenario_pack(tmp_path, 2)),
+                "--concurrency", "1,2"),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "failed" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    block = "\n".join(lines[next(i for i, x in enumerate(lines) if x.startswith("models:")) :])
+    config = tmp_path / "specdec.yaml"
+    config.write_text(f"targets:\n  - {{url: {server.metrics_url}, engine: llamacpp}}\n{block}\n")
+    model = load(config).models[0]
+    assert model.name == "tiny" and model.num_speculative_tokens == 3
+    assert len(model.step_time) == 2 and all(p.verify_seconds for p in model.step_time)
+    assert model.step_time[0].running == pytest.approx(1.0, abs=0.3)
+
+
+async def test_llamacpp_routes_get_the_load_aware_payoff_and_options_per_k(
+    server: LlamaServer,
+) -> None:
+    """Through the proxy, each route's decode steps are exact (its timings' accepted drafts),
+    so its estimated speedup is its decode rate x the curve's plain step at the batch (the
+    measured one, to rounding), and each draft length 0..k has a figure per route."""
+    curve = (StepTimePoint(1.0, 0.001, 0.003), StepTimePoint(4.0, 0.002, 0.006))
+    models = (ModelConfig("tiny", 3, 3.0, step_time=curve),)
+    async with sidecar(server, Window("5s", 5.0), models) as (proxy, metrics):
+        await traffic(proxy, 8)
+
+        async def figures() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            page = await sidecar_page(metrics)
+            found = [summed(page, "specdec_route_estimated_speedup_ratio", route=r)
+                     for r in ("voice_chat", "coding_agent")]  # fmt: skip
+            return page if all(found) else None
+
+        page = await eventually(figures, 30.0)
+    for route in ("voice_chat", "coding_agent"):
+        estimated = summed(page, "specdec_route_estimated_speedup_ratio", route=route)
+        measured = summed(page, "specdec_route_speedup_ratio", route=route)
+        assert estimated == pytest.approx(measured, rel=1e-9)
+        lengths = {
+            dict(labels)["draft_length"]
+            for (name, labels), _ in page.items()
+            if name == "specdec_route_speedup_at_draft_length_ratio"
+            and dict(labels)["route"] == route
+        }
+        assert lengths == {"0", "1", "2", "3"}
+
+
+def test_the_gpu_benchs_patch_applies_to_this_llamacpp(server: LlamaServer, tmp_path: Path) -> None:
+    """bench/gpu's patch (a request's own synthetic acceptance and draft length) is written
+    against the llama.cpp this sdist vendors: it applies to CI's copy of the same sources."""
+    source = server.binary.parents[2] / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
+    for rel, _ in gpu_build.parse_patch(gpu_build.PATCH.read_text()):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((source / rel).read_text())
+    gpu_build.apply_patch(tmp_path)
+    assert "specdec" in (tmp_path / "tools/server/server-context.cpp").read_text()
