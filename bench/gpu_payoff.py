@@ -232,11 +232,9 @@ def run_sweep(run: Run, sweep: Server, plain: Server, args: argparse.Namespace) 
                     )
                     rates[k] = found[route.name]
                 rounds.append(rates)
-            per_round = [
-                {k: (r[k].per_second or 0) / (r[0].per_second or 1) for k in ks} for r in rounds
-            ]
-            pooled = {k: sum((r[k] for r in rounds), Rate()).per_second for k in ks}
-            speedup = {k: (pooled[k] or 0) / (pooled[0] or 1) for k in ks}
+            per_round = [{k: _ratio(r[k], r[0]) for k in ks} for r in rounds]
+            pooled = {k: sum((r[k] for r in rounds), Rate()) for k in ks}
+            speedup = {k: _ratio(pooled[k], pooled[0]) for k in ks}
             top = best(speedup)
             entry = {
                 "concurrency": c,
@@ -246,14 +244,20 @@ def run_sweep(run: Run, sweep: Server, plain: Server, args: argparse.Namespace) 
                 "best": None if top is None else top[0],
                 "lead": None if top is None else top[1],
                 "round_spread": {
-                    k: abs(per_round[0][k] / per_round[1][k] - 1) if per_round[1][k] else None
+                    k: abs(a / b - 1) if (a := per_round[0][k]) and (b := per_round[1][k]) else None
                     for k in ks
                 },
             }
             run.data["sweep"].append(entry)
             run.save()
             run.log(f"  sweep {route.name} c={c}: "
-                    + " ".join(f"k={k} x{speedup[k]:.3f}" for k in ks))  # fmt: skip
+                    + " ".join(f"k={k} x{speedup[k] or 0:.3f}" for k in ks))  # fmt: skip
+
+
+def _ratio(rate: Rate, reference: Rate) -> float | None:
+    """rate / reference per second; None when either decoded nothing (no figure, not 0)."""
+    a, b = rate.per_second, reference.per_second
+    return a / b if a is not None and b else None
 
 
 def main() -> int:

@@ -92,10 +92,11 @@ class Sidecar:
         Built beside the running ones; nothing running is touched."""
         # an engine page without model_name (llama.cpp) is the config's one model, if one
         only = config.models[0].name if len(config.models) == 1 else ""
+        curves = {m.name: c for m in config.models if (c := m.curve) is not None}
         targets = tuple(
-            TargetState(t, config.windows, only)
+            TargetState(t, config.windows, only, curves)
             if t.name not in carried
-            else carried[t.name].carried(t, config.windows, only)
+            else carried[t.name].carried(t, config.windows, only, curves)
             for t in config.targets
         )
         models = {m.name: m for m in config.models}

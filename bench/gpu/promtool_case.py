@@ -6,16 +6,24 @@ speculation-is-costing alert (SpecDecodeCostlyAtLoad) fires for, and that it sta
 the others.
 
     python -m bench.gpu.promtool_case BEFORE.prom AFTER.prom SECONDS --fires voice_chat \\
-        [--quiet coding_agent] > deploy/prometheus/tests/gpu_costly_at_load.yml
+        [--quiet coding_agent] [--curve curve.json] > deploy/prometheus/tests/gpu_costly_at_load.yml
+
+Pages recorded before the sidecar exported the curve read at the batch
+(specdec_engine_running_request_{plain,verify}_step_seconds_total) get them from `--curve`
+(the measured step-time points): the phase's running-request seconds x the curve at the
+phase's batch, as the sidecar integrates them at a steady batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.core.payoff import StepCurve, StepPoint
 
 STEP = 15  # seconds between the test's samples (its evaluation interval)
 SAMPLES = 140  # 35 minutes: 5m windows, the alert's 10m `for`, and room
@@ -53,8 +61,51 @@ def input_series(before: str, after: str, seconds: float) -> list[tuple[str, str
     return sorted(out)
 
 
+def curve_series(
+    before: str, after: str, seconds: float, curve: StepCurve
+) -> list[tuple[str, str]]:
+    """The curve read at the phase's batch, per engine series, as the sidecar integrates it."""
+
+    def counters(page: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {
+            tuple(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(page)
+            for s in f.samples
+            if s.name == name
+        }
+
+    busy0 = counters(before, "specdec_engine_running_request_seconds_total")
+    busy1 = counters(after, "specdec_engine_running_request_seconds_total")
+    crowd0 = counters(before, "specdec_engine_running_request_batch_seconds_total")
+    crowd1 = counters(after, "specdec_engine_running_request_batch_seconds_total")
+    out = []
+    for key, value in busy1.items():
+        grew = value - busy0.get(key, 0.0)
+        if grew <= 0:
+            continue
+        batch = (crowd1[key] - crowd0.get(key, 0.0)) / grew
+        for kind, step in (("plain", curve.plain(batch)), ("verify", curve.verify(batch) or 0.0)):
+            per_step = grew * step / seconds * STEP
+            name = f"specdec_engine_running_request_{kind}_step_seconds_total"
+            out.append((_series(name, dict(key)), f"0+{per_step:g}x{SAMPLES}"))
+    return out
+
+
+def load_curve(path: Path) -> StepCurve:
+    points = json.loads(path.read_text(encoding="utf-8"))
+    return StepCurve(
+        tuple(StepPoint(p["running"], p["plain_seconds"], p.get("verify_seconds")) for p in points)
+    )
+
+
 def test_document(
-    before: str, after: str, seconds: float, fires: list[str], quiet: list[str], source: str
+    before: str,
+    after: str,
+    seconds: float,
+    fires: list[str],
+    quiet: list[str],
+    source: str,
+    curve: StepCurve | None = None,
 ) -> str:
     """The promtool test file."""
     lines = [
@@ -79,7 +130,11 @@ def test_document(
         f"    interval: {STEP}s",
         "    input_series:",
     ]
-    for series, values in input_series(before, after, seconds):
+    series_values = input_series(before, after, seconds)
+    if curve is not None and "_plain_step_seconds_total" not in after:
+        lines.append("      # the curve at the phase's batch (see bench/gpu/promtool_case.py)")
+        series_values += curve_series(before, after, seconds, curve)
+    for series, values in series_values:
         lines.append(f"      - series: '{series}'")
         lines.append(f"        values: '{values}'")
     alerts = f'ALERTS{{alertname="{ALERT}", alertstate="firing"}}'
@@ -108,6 +163,7 @@ def main() -> int:
     ap.add_argument("--fires", action="append", default=[], metavar="ROUTE")
     ap.add_argument("--quiet", action="append", default=[], metavar="ROUTE")
     ap.add_argument("--source", default="docs/BENCHMARKS.md §11")
+    ap.add_argument("--curve", type=Path, help="the step-time points (JSON), for old pages")
     args = ap.parse_args()
     sys.stdout.write(
         test_document(
@@ -117,6 +173,7 @@ def main() -> int:
             args.fires,
             args.quiet,
             args.source,
+            None if args.curve is None else load_curve(args.curve),
         )
     )
     return 0

@@ -24,12 +24,18 @@ class Rate:
 
     tokens: float = 0.0
     seconds: float = 0.0
-    requests: int = 0
+    requests: int = 0  # finished inside the phase
+    partial: int = 0  # cut at its end, counted with what they had decoded
 
     def add(self, tokens: float, seconds: float) -> None:
         self.tokens += tokens
         self.seconds += seconds
         self.requests += 1
+
+    def add_partial(self, tokens: float, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.partial += 1
 
     @property
     def per_second(self) -> float | None:
@@ -37,7 +43,10 @@ class Rate:
 
     def __add__(self, other: Rate) -> Rate:
         return Rate(
-            self.tokens + other.tokens, self.seconds + other.seconds, self.requests + other.requests
+            self.tokens + other.tokens,
+            self.seconds + other.seconds,
+            self.requests + other.requests,
+            self.partial + other.partial,
         )
 
 

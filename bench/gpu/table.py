@@ -11,6 +11,10 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"x{value:.3f}"
 
 
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _err(value: float | None, truth: float | None) -> str:
     if value is None or truth is None:
         return "-"
@@ -76,7 +80,7 @@ def report(data: dict[str, Any]) -> str:
             c, route = s["concurrency"], s["route"]
             seen = sidecar.get((c, route), ("-", "-"))
             rows.append([
-                str(c), route, *(f"{s['speedup'][k]:.3f}" for k in _keys(s["speedup"], ks)),
+                str(c), route, *(_f(s["speedup"][k]) for k in _keys(s["speedup"], ks)),
                 f"{s['best']} ({s['lead']:+.1%})" if s["best"] is not None else "-",
                 seen[0], seen[1],
             ])  # fmt: skip

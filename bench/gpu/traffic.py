@@ -19,7 +19,7 @@ import aiohttp
 
 from bench.gpu.rounds import Rate
 from exporter.measure.scenarios import builtin
-from exporter.measure.stream_client import RequestFailed, stream_chat
+from exporter.measure.stream_client import RequestFailed
 
 MODEL = "bench"
 
@@ -77,9 +77,12 @@ async def phase(
     k: int | None = None,
     proxied: bool = False,
 ) -> tuple[dict[str, Rate], int]:
-    """Closed-loop clients for `seconds`; per route the decode tokens and seconds of the
-    requests that finished inside the phase (those in flight at its end are cancelled and not
-    counted), and how many requests failed."""
+    """Closed-loop clients for `seconds`; per route the decode tokens (after each request's
+    first) and their seconds inside the phase, and how many requests failed. Requests still
+    in flight at its end are cancelled and count with what they decoded so far (llama-server
+    sends one token per event): without them a phase shorter than a request at that load
+    would have no figure, and one only a little longer would count only the cohort that
+    started together."""
     found = {r.name: Rate() for r in routes}
     failed = 0
     url = f"{base_url}/v1/chat/completions"
@@ -90,14 +93,17 @@ async def phase(
         while True:
             route = mine[i % len(mine)]
             headers = {"X-Route": route.header} if proxied else None
+            seen = _Stream()
             try:
-                r = await stream_chat(session, url, route.body(i, k), headers)
+                await _stream(session, url, route.body(i, k), headers, seen)
+            except asyncio.CancelledError:
+                seen.count_into(found[route.name], finished=False)
+                raise
             except (RequestFailed, aiohttp.ClientError):
                 failed += 1
                 await asyncio.sleep(0.05)  # not a busy loop against a failing server
             else:
-                if r.decode_seconds > 0:
-                    found[route.name].add(float(r.completion_tokens - 1), r.decode_seconds)
+                seen.count_into(found[route.name], finished=True)
             i += 1
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
@@ -113,6 +119,46 @@ async def phase(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return found, failed
+
+
+class _Stream:
+    """One streamed request as it goes: its content events' times."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.events = 0
+
+    def content(self) -> None:
+        now = time.perf_counter()
+        self.first = now if self.first is None else self.first
+        self.last = now
+        self.events += 1
+
+    def count_into(self, rate: Rate, finished: bool) -> None:
+        """Its decode (events after the first, first to last) into `rate`."""
+        if self.first is None or self.last is None or self.last <= self.first:
+            return
+        if finished:
+            rate.add(float(self.events - 1), self.last - self.first)
+        else:
+            rate.add_partial(float(self.events - 1), self.last - self.first)
+
+
+async def _stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None,
+    seen: _Stream,
+) -> None:
+    payload = {**body, "stream": True}
+    async with session.post(url, json=payload, headers=headers) as resp:
+        if resp.status != 200:
+            raise RequestFailed(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for raw in resp.content:
+            if raw.startswith(b"data: {") and b'"content":"' in raw and b'"content":""' not in raw:
+                seen.content()
 
 
 async def idle(metrics_url: str, timeout: float = 30.0) -> None:

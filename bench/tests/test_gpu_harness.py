@@ -261,3 +261,30 @@ def test_the_harness_refuses_an_unknown_step(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "--steps takes build,models,ab,sweep" in out.stderr
+
+
+GPU = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu"
+CASES = {  # the promtool tests generated from phases recorded on the H200 (BENCHMARKS §11)
+    "gpu_costly_at_load_c32.yml": ("mixed-c32-r1", ["voice_chat", "coding_agent"], [], 32),
+    "gpu_costly_at_load_c1.yml": ("mixed-c1-r1", [], ["voice_chat", "coding_agent"], 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_gpu_promtool_tests_are_what_the_recorded_pages_give(name: str) -> None:
+    """deploy/prometheus/tests/gpu_costly_at_load_*.yml regenerate from the recorded pages
+    (promtool runs them: tests/integration/test_prometheus_rules.py)."""
+    from bench.gpu import promtool_case
+
+    pages, fires, quiet, level = CASES[name]
+    made = promtool_case.test_document(
+        (GPU / f"{pages}-before.prom").read_text(encoding="utf-8"),
+        (GPU / f"{pages}-after.prom").read_text(encoding="utf-8"),
+        8,
+        fires,
+        quiet,
+        f"docs/BENCHMARKS.md §11, c = {level}, round 1",
+        promtool_case.load_curve(GPU / "curve.json"),
+    )
+    shipped = GPU.parents[2] / "deploy" / "prometheus" / "tests" / name
+    assert made == shipped.read_text(encoding="utf-8")

@@ -325,7 +325,7 @@ def _drawn(draw: Callable[[], None]) -> bool:
 
 def _draft_length(levels: list[Level]) -> int | None:
     """k as the engine's counters state it over the speculative phases (`runner.draft_length`)."""
-    counted = [r.counted for level in levels for r in level.spec.results if r.counted]
+    counted = [level.spec.counted for level in levels if level.spec.counted]
     return max((k for c in counted if (k := draft_length(c)) is not None), default=None)
 
 

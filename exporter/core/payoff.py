@@ -56,22 +56,40 @@ def decode_steps(tokens: float, accepted: float, verify_steps: float | None = No
 class Batch:
     """Running requests integrated over time: b dt and b^2 dt. Their ratio is the batch a
     running request sees on average (idle time weighs nothing): the batch the route's decode
-    steps ran at, which is what a step-time curve is read at."""
+    steps ran at, which is what a step-time curve is read at. Where the model has a curve,
+    also b x plain(b) dt and b x verify(b) dt: over b dt, the plain (verify) step a running
+    request saw, the curve read at every batch it ran at (what PromQL reads: no line through
+    the curve's points)."""
 
     request_seconds: float = 0.0
     batch_request_seconds: float = 0.0
+    plain_step_seconds: float = 0.0
+    verify_step_seconds: float = 0.0
 
     def __add__(self, other: Batch) -> Batch:
         return Batch(
             self.request_seconds + other.request_seconds,
             self.batch_request_seconds + other.batch_request_seconds,
+            self.plain_step_seconds + other.plain_step_seconds,
+            self.verify_step_seconds + other.verify_step_seconds,
         )
 
     def __sub__(self, other: Batch) -> Batch:
         return Batch(
             self.request_seconds - other.request_seconds,
             self.batch_request_seconds - other.batch_request_seconds,
+            self.plain_step_seconds - other.plain_step_seconds,
+            self.verify_step_seconds - other.verify_step_seconds,
         )
+
+    @classmethod
+    def held(cls, running: float, seconds: float, curve: StepCurve | None) -> Batch:
+        """`running` requests held for `seconds`, read on `curve` where there is one."""
+        plain = verify = 0.0
+        if curve is not None and running > 0:
+            plain = running * curve.plain(running) * seconds
+            verify = running * (curve.verify(running) or 0.0) * seconds
+        return cls(running * seconds, running * running * seconds, plain, verify)
 
     @property
     def seen(self) -> float | None:

@@ -144,11 +144,26 @@ class TargetCollector(FamiliesCollector):
             "Running requests squared integrated over time (b^2 dt).",
             labels=SERIES,
         )
+        plain = CounterMetricFamily(
+            "specdec_engine_running_request_plain_step_seconds",
+            "Running requests x the model's plain step seconds at the batch (its step-time "
+            "curve, `models:`), integrated over time (b plain(b) dt): / running_request_seconds "
+            "is the plain step a running request saw. Only for a model with a curve.",
+            labels=SERIES,
+        )
+        verify = CounterMetricFamily(
+            "specdec_engine_running_request_verify_step_seconds",
+            "The same with the curve's verify step (b verify(b) dt).",
+            labels=SERIES,
+        )
         for state in self.targets:
             for (model_name, engine), batch in sorted(state.batch.items()):
                 labels = [state.target.name, model_name, engine]
                 busy.add_metric(labels, batch.request_seconds)
                 crowded.add_metric(labels, batch.batch_request_seconds)
+                if model_name in state.curves:
+                    plain.add_metric(labels, batch.plain_step_seconds)
+                    verify.add_metric(labels, batch.verify_step_seconds)
             for (model_name, engine), values in state.gauges.items():
                 labels = [state.target.name, model_name, engine]
                 if "acceptance_length" in values:
@@ -157,7 +172,7 @@ class TargetCollector(FamiliesCollector):
                     rate.add_metric(labels, values["acceptance_rate"])
                 if RUNNING in values:
                     running.add_metric(labels, values[RUNNING])
-        yield from (f for f in (length, rate, running, busy, crowded) if f.samples)
+        yield from (f for f in (length, rate, running, busy, crowded, plain, verify) if f.samples)
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*SERIES, "window"]

@@ -1,8 +1,12 @@
 """The step-time curve: seconds per decode step, speculative and plain, against the batch.
 
-At each concurrency level every scenario is replayed (at least 3 x the level's requests, so
-the batch stays near it) against the speculative endpoint, then against the plain one (the
-same model without speculation), so the two see the same load; the engine's running requests
+At each concurrency level the scenarios are replayed together, their requests interleaved
+(at least 3 x the level's requests, so the batch stays near it): the mix the routes share the
+engine in, which a plain step's seconds depend on beyond the batch (new requests' prefills land
+in the decode steps; measured on a GPU llama-server: at batch 4, 49 tok/s per request in a
+mixed phase against 77 when each scenario ran alone, docs/BENCHMARKS.md §11). Against the
+speculative endpoint, then the plain one (the same model without speculation), so the two see
+the same load; the engine's running requests
 (its batch gauge, `Engine.running_gauge`) are sampled from its /metrics while they run. Per
 level:
 
@@ -24,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from exporter.core.counts import Counts
 from exporter.measure.runner import (
     MeasureError,
     Plan,
@@ -31,8 +36,9 @@ from exporter.measure.runner import (
     ScenarioResult,
     client_session,
     engine_page,
+    interleaved,
     model_name,
-    run_scenario,
+    replay,
 )
 from exporter.measure.scenarios import Scenario
 from exporter.scrape.exposition import scan
@@ -47,6 +53,7 @@ class Phase:
 
     results: list[ScenarioResult] = field(default_factory=list)
     running: list[float] = field(default_factory=list)
+    counted: Counts | None = None  # the engine's /metrics delta over the phase
 
     @property
     def requests(self) -> list[Request]:
@@ -116,24 +123,27 @@ async def _phase(
     session: aiohttp.ClientSession,
     base_url: str,
     model: str,
-    scenario: Scenario,
+    scenarios: list[Scenario],
+    runs: list[int],
     plan: Plan,
     phase: Phase,
 ) -> None:
+    """The scenarios together against one endpoint, its batch sampled while they run."""
     metrics_url = f"{base_url}/metrics"
-    result = ScenarioResult(scenario.name)
-    phase.results.append(result)
+    results = {s.name: ScenarioResult(s.name) for s in scenarios}
+    phase.results.extend(results.values())
+    items = interleaved(scenarios, runs)
     gauge = plan.engine.running_gauge
-    if gauge is None:  # no batch gauge (TensorRT-LLM): the level has no batch to plot against
-        await run_scenario(session, base_url, metrics_url, model, scenario, plan, result)
-        return
-    sampler = asyncio.create_task(_sample(session, metrics_url, gauge, phase.running))
+    sampler = None
+    if gauge is not None:  # TensorRT-LLM has none: the level has no batch to plot against
+        sampler = asyncio.create_task(_sample(session, metrics_url, gauge, phase.running))
     try:
-        await run_scenario(session, base_url, metrics_url, model, scenario, plan, result)
+        phase.counted = await replay(session, base_url, metrics_url, model, items, plan, results)
     finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
 
 
 async def measure_curve(
@@ -145,16 +155,17 @@ async def measure_curve(
     plan: Plan,
     into: list[Level],
 ) -> None:
-    """Every level in turn, each scenario against spec then plain; appends to `into`."""
+    """Every level in turn, the scenarios together (the mix the routes share the engine in)
+    against spec then plain; appends to `into`."""
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
         for concurrency in levels:
             level = Level(concurrency)
             into.append(level)
-            for scenario in scenarios:
-                # enough requests that the batch stays near the level: >= 3 rounds of it
-                runs = max(plan.runs, -(-LEVEL_ROUNDS * concurrency // len(scenario.prompts)))
-                at = replace(plan, runs=runs, concurrency=concurrency)
-                await _phase(client, spec_url, spec_model, scenario, at, level.spec)
-                await _phase(client, plain_url, plain_model, scenario, at, level.plain)
+            # enough requests that the batch stays near the level: >= 3 rounds of it
+            share = -(-LEVEL_ROUNDS * concurrency // len(scenarios))
+            runs = [max(plan.runs, -(-share // len(s.prompts))) for s in scenarios]
+            at = replace(plan, concurrency=concurrency)
+            await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec)
+            await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain)

@@ -163,30 +163,43 @@ class Plan:
     engine: Engine = DEFAULT
 
 
-async def run_scenario(
+def interleaved(scenarios: list[Scenario], runs: list[int]) -> list[tuple[Scenario, int]]:
+    """Each scenario's requests (`runs` times its prompts), taken in turn from each: sent by a
+    pool of workers, the scenarios run together in the mix they are given, as routes sharing
+    an engine do."""
+    todo = [r * len(s.prompts) for s, r in zip(scenarios, runs, strict=True)]
+    return [
+        (s, i) for i in range(max(todo, default=0)) for s, n in zip(scenarios, todo, strict=True)
+        if i < n
+    ]  # fmt: skip
+
+
+async def replay(
     session: aiohttp.ClientSession,
     base_url: str,
     metrics_url: str,
     model: str,
-    scenario: Scenario,
+    items: list[tuple[Scenario, int]],
     plan: Plan,
-    result: ScenarioResult,
-) -> None:
-    """Fill `result` as requests complete (so an interrupted run still has what it got)."""
-    result.model = model
+    results: dict[str, ScenarioResult],
+) -> Counts | None:
+    """Send `items` with `plan.concurrency` workers, each request's result into its scenario's
+    (so an interrupted run still has what it got); the engine's /metrics delta around them
+    (None without speculative-decoding counters)."""
     fams = plan.engine.families()
     before = await engine_page(session, metrics_url)
-    todo = plan.runs * len(scenario.prompts)
-    queue = list(range(todo))
+    queue = list(items)
+    todo = {name: sum(1 for s, _ in items if s.name == name) for name in results}
     url = f"{base_url}/v1/chat/completions"
     flag = plan.engine.request_flag
 
     async def worker() -> None:
         while queue:
-            i = queue.pop(0)
+            scenario, i = queue.pop(0)
+            result = results[scenario.name]
             body: dict[str, Any] = {
                 **dict(scenario.extra_body),
-                "model": model,
+                "model": result.model,
                 "messages": scenario.messages(i),
                 "max_tokens": scenario.max_tokens,
             }
@@ -199,15 +212,36 @@ async def run_scenario(
                 result.requests.append(Request(r, plan.engine.stream_counts(r.events)))
             except (RequestFailed, aiohttp.ClientError) as exc:
                 result.failures.append(str(exc) or type(exc).__name__)
-            plan.progress(scenario.name, len(result.requests) + len(result.failures), todo)
+            done = len(result.requests) + len(result.failures)
+            plan.progress(scenario.name, done, todo[scenario.name])
 
+    for result in results.values():
+        result.model = model
     await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
-    if not result.requests:
-        raise MeasureError(f"every request of {scenario.name} failed: {result.failures[0]}")
+    for name, result in results.items():
+        if not result.requests:
+            raise MeasureError(f"every request of {name} failed: {result.failures[0]}")
     after = await engine_page(session, metrics_url)
     found = delta(before, after, fams)
     if found.series and not found.after_empty:
-        result.counted = total(list(found.series.values()))
+        return total(list(found.series.values()))
+    return None
+
+
+async def run_scenario(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    metrics_url: str,
+    model: str,
+    scenario: Scenario,
+    plan: Plan,
+    result: ScenarioResult,
+) -> None:
+    """One scenario alone; fills `result` as requests complete."""
+    items = interleaved([scenario], [plan.runs])
+    result.counted = await replay(
+        session, base_url, metrics_url, model, items, plan, {scenario.name: result}
+    )
 
 
 async def measure(

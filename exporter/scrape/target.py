@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
 from exporter import logs
 from exporter.config import Target, redact
 from exporter.core.counts import Counts, total
-from exporter.core.payoff import Batch
+from exporter.core.payoff import Batch, StepCurve
 from exporter.core.windows import History, Window
 from exporter.engines import engine
 from exporter.engines.base import RUNNING, Engine, EngineFamilies
@@ -38,9 +38,16 @@ class ScrapeError(Exception):
 class TargetState:
     """Everything the exporter knows about one target: sums, windows and health."""
 
-    def __init__(self, target: Target, windows: tuple[Window, ...], model: str = "") -> None:
+    def __init__(
+        self,
+        target: Target,
+        windows: tuple[Window, ...],
+        model: str = "",
+        curves: Mapping[str, StepCurve] | None = None,
+    ) -> None:
         self.target = target
         self.model = target.model_name or model  # for series the engine leaves unlabelled
+        self.curves = curves or {}  # per model_name: its batch is also read on the curve
         self.engine: Engine = engine(target.engine)
         self.families: EngineFamilies = self.engine.families(target.prefix)
         self.store = RunningTotals()
@@ -54,11 +61,17 @@ class TargetState:
         self.batch_history: History[SeriesKey, Batch] = History(windows, born_at_zero=True)
         self._last_page_at: float | None = None
 
-    def carried(self, target: Target, windows: tuple[Window, ...], model: str = "") -> TargetState:
+    def carried(
+        self,
+        target: Target,
+        windows: tuple[Window, ...],
+        model: str = "",
+        curves: Mapping[str, StepCurve] | None = None,
+    ) -> TargetState:
         """A new state for the same target (by name) under a reloaded config: its running
         totals, health and batch go on, its windows are `windows` over the same history. This
         state is left as it was (the reload swaps whole, then drops it)."""
-        new = TargetState(target, windows, model)
+        new = TargetState(target, windows, model, curves)
         new.store, new.errors, new.bad_lines = self.store, self.errors, self.bad_lines
         new.status, new.last_duration, new.gauges = self.status, self.last_duration, self.gauges
         new.history = self.history.with_windows(windows)
@@ -108,8 +121,7 @@ class TargetState:
             elapsed = now - self._last_page_at
             for key, values in self.gauges.items():
                 if RUNNING in values and key in gauges:
-                    running = values[RUNNING]
-                    step = Batch(running * elapsed, running * running * elapsed)
+                    step = Batch.held(values[RUNNING], elapsed, self.curves.get(key[0]))
                     self.batch[key] = self.batch.get(key, Batch()) + step
         self._last_page_at = now
         self.batch_history.record(now, dict(self.batch))
