@@ -25,6 +25,14 @@ class ProxyCollector(FamiliesCollector):
             "reason",
             proxy.upstream_errors,
         )
+        framing = _counter(
+            "specdec_proxy_upstream_framing_errors",
+            "Upstream responses that are not well-formed HTTP/1.1, by the rule they broke "
+            "(status_line, header_line, head_too_long, content_length, chunk_size, "
+            "chunk_overrun, unasked_switch): each a 502 before the head, a cut after it.",
+            "reason",
+            proxy.framing_errors,
+        )
         refused = CounterMetricFamily(
             "specdec_proxy_refused_requests",
             "Requests refused: malformed, absolute URI, CONNECT, body too large, transfer coding "
@@ -74,7 +82,7 @@ class ProxyCollector(FamiliesCollector):
             "specdec_proxy_client_connections", "Client connections open to the proxy."
         )
         clients.add_metric([], float(proxy.client_connections))
-        yield from (errors, refused, shed, timeouts, unreadable, buffered, limit, cut)
+        yield from (errors, framing, refused, shed, timeouts, unreadable, buffered, limit, cut)
         yield from (in_flight, clients)
 
 

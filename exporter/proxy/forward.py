@@ -35,6 +35,7 @@ from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
 from exporter.proxy.connection import ClientConnection, Deadlines
+from exporter.proxy.framing import FRAMING_REASONS
 from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Relay, end_to_end, error_response, release, request_json
@@ -80,6 +81,7 @@ class Proxy:
         self.engine: Engine = DEFAULT  # the upstream's kind (set by the sidecar): what to ask
         # it for, how its connections behave
         self.upstream_errors: dict[str, int] = dict.fromkeys(UPSTREAM_ERRORS, 0)
+        self.framing_errors: dict[str, int] = dict.fromkeys(FRAMING_REASONS, 0)  # malformed
         self.refused = 0
         self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
         self.timeouts: dict[str, int] = dict.fromkeys(("head", "body", "write"), 0)

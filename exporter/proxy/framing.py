@@ -19,8 +19,25 @@ _HEX = b"0123456789abcdefABCDEF"
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
+# why a response is not well-formed (FramingError.reason: the metric's label values)
+FRAMING_REASONS = (
+    "status_line",  # not HTTP/1.x NNN
+    "header_line",  # no colon, folded, or a CR, LF or NUL inside it
+    "head_too_long",  # head or chunk line past MAX_HEAD
+    "content_length",  # not a whole number
+    "chunk_size",  # not hex digits only, or past MAX_CHUNK
+    "chunk_overrun",  # a chunk longer than its size says
+    "unasked_switch",  # 101 Switching Protocols that no request asked for
+)
+MAX_CHUNK = 1 << 32  # bytes: a chunk size beyond is no engine's (and 24 hex digits overflowed)
+
+
 class FramingError(ValueError):
-    """The response is not well-formed HTTP/1.1."""
+    """The response is not well-formed HTTP/1.1; `reason` is one of FRAMING_REASONS."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +113,7 @@ class ResponseFramer:
                 end = buffer.find(b"\r\n\r\n" if state == _HEAD else b"\r\n", pos)
                 if end == -1:
                     if len(buffer) - pos > MAX_HEAD:
-                        raise FramingError("header or chunk line too long")
+                        raise FramingError("head_too_long", "header or chunk line too long")
                     break
                 if state == _HEAD:
                     self._on_head(buffer[pos:end])
@@ -107,7 +124,7 @@ class ResponseFramer:
                     pos = end + 2
                 elif state == _CHUNK_END:
                     if end != pos:
-                        raise FramingError("chunk longer than its size")
+                        raise FramingError("chunk_overrun", "chunk longer than its size")
                     self._state = _CHUNK_SIZE
                     pos = end + 2
                 else:  # _TRAILER: lines until an empty one
@@ -122,18 +139,20 @@ class ResponseFramer:
         version, _, rest = lines[0].partition(" ")
         code, _, reason = rest.partition(" ")
         if not version.startswith("HTTP/1.") or not code.isdigit() or _splits(lines[0]):
-            raise FramingError(f"bad status line {lines[0][:80]!r}")
+            raise FramingError("status_line", f"bad status line {lines[0][:80]!r}")
         status = int(code)
         headers = []
         fields: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep or not name or name != name.strip() or _splits(line):
-                raise FramingError(f"bad header line {line[:80]!r}")
+                raise FramingError("header_line", f"bad header line {line[:80]!r}")
             value = value.strip()
             headers.append((name, value))
             fields.setdefault(name.lower(), value)
         head = Head(status, reason, headers, fields)
+        if status == 101:  # the proxy forwards no Upgrade: the bytes after it are no HTTP
+            raise FramingError("unasked_switch", "101 Switching Protocols, unasked")
         if status < 200:
             return  # interim (103 Early Hints): the real head follows
         connection = (head.get("connection") or "").lower()
@@ -146,7 +165,7 @@ class ResponseFramer:
             self.chunked = True
         elif length is not None:
             if not length.isdigit():
-                raise FramingError(f"bad Content-Length {length[:20]!r}")
+                raise FramingError("content_length", f"bad Content-Length {length[:20]!r}")
             self._left = int(length)
             self._state = _LENGTH if self._left else _DONE
         else:
@@ -161,8 +180,12 @@ def _splits(line: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)  # a stream repeats a few sizes; C lookup, no re-parsing
 def _chunk_size(line: bytes) -> int:
-    """A chunk-size line's size: hex digits only (int() would also take a sign, 0x, _)."""
+    """A chunk-size line's size: hex digits only (int() would also take a sign, 0x, _), at
+    most MAX_CHUNK (Python's int never overflows, so a 24-digit size read as a huge chunk and
+    relayed what followed as data)."""
     size = line.split(b";", 1)[0].rstrip(b" \t")
     if not size or size.strip(_HEX):
-        raise FramingError(f"bad chunk size {line[:20]!r}")
-    return int(size, 16)
+        raise FramingError("chunk_size", f"bad chunk size {line[:20]!r}")
+    if len(size.lstrip(b"0")) > 9 or (value := int(size, 16)) > MAX_CHUNK:
+        raise FramingError("chunk_size", f"chunk size too large {line[:20]!r}")
+    return value

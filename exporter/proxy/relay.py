@@ -119,6 +119,8 @@ class Relay:
             error_response(writer, 504, "upstream timed out", "GatewayTimeout")
         elif isinstance(error, Broken):  # cut or malformed: after the head, or before it
             reason, status = "malformed" if isinstance(error, Malformed) else "broken", "502"
+            if isinstance(error, Malformed):
+                proxy.framing_errors[error.reason] += 1
             proxy.log.warning("upstream response broken", error=str(error)[:200])
             if self._head is None or self._whole is not None:  # nothing went to the client
                 error_response(writer, 502, "upstream response broken", "BadGateway")

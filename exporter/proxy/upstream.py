@@ -38,7 +38,12 @@ class Broken(Exception):
 
 
 class Malformed(Broken):
-    """The upstream's bytes are not a well-formed HTTP/1.1 response (before or after its head)."""
+    """The upstream's bytes are not a well-formed HTTP/1.1 response (before or after its head);
+    `reason`: which rule they broke (framing.FRAMING_REASONS)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Closed(ConnectionError):
@@ -306,7 +311,7 @@ class Exchange:
         try:
             body = framer.feed(data)
         except FramingError as exc:
-            self._fail(Malformed(f"malformed response: {exc}"))
+            self._fail(Malformed(exc.reason, f"malformed response: {exc}"))
             return
         if not self._headed and framer.head is not None:
             self._headed = True

@@ -282,3 +282,65 @@ async def test_a_collector_that_cannot_render_costs_its_own_families_not_the_pag
     assert "specdec_build_info" in page and "specdec_route_spec_requests_total" in page  # others
     assert 'specdec_proxy_internal_errors_total{stage="collector"}' in page
     assert side.faults.counts["collector"] >= 1
+
+
+async def test_an_overflowing_chunk_size_cuts_the_response_and_nothing_after_it_passes() -> None:
+    """A chunk-size line of 24 hex digits is no size: Python's int would read it as a huge
+    chunk and relay what follows as stream data. The response is cut at once (its head was
+    sent: the client sees the break), counted under its reason."""
+    got_first = asyncio.Event()
+    event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        writer.write(head + b"\r\n%x\r\n%b\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.wait_for(got_first.wait(), 10)
+        writer.write(b'ffffffffffffffffffffffff\r\nSMUGGLED: data: {"evil":1}\n\n\r\n0\r\n\r\n')
+        return False
+
+    async with proxied(respond) as (side, proxy, _):
+        reader, writer = await connect(int(proxy.rsplit(":", 1)[1]))
+        body = b'{"model":"m","messages":[],"stream":true}'
+        request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        writer.write(request + b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        got = await asyncio.wait_for(reader.readuntil(b'"content":"a"'), 10)
+        got_first.set()
+        with contextlib.suppress(ConnectionError):
+            got += await asyncio.wait_for(reader.read(), 10)  # ends: cut, or reset
+        writer.close()
+        assert side.proxy is not None
+        assert side.proxy.framing_errors["chunk_size"] == 1
+        assert side.proxy.upstream_errors["malformed"] == 1
+    assert b"SMUGGLED" not in got and b"evil" not in got
+    assert not got.endswith(b"0\r\n\r\n")  # no clean end: the client sees the cut
+
+
+async def test_an_unasked_protocol_switch_fails_only_its_own_request() -> None:
+    """The proxy forwards no Upgrade, so a 101 is no answer any client asked for: that request
+    gets a 502 and its connection is dropped; the next client's request is answered."""
+    answered = 0
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        nonlocal answered
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        answered += 1
+        if answered == 1:
+            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                         b"Connection: Upgrade\r\n\r\n\x81\x05hello")  # fmt: skip
+            await writer.drain()
+            return True  # keeps the connection: the proxy must not reuse it
+        writer.write(ok(b'{"ok":true}'))
+        return True
+
+    async with proxied(respond) as (side, proxy, _):
+        first = await post(proxy, {"model": "m", "messages": []})
+        second = await post(proxy, {"model": "m", "messages": []})
+        assert side.proxy is not None and side.proxy.framing_errors["unasked_switch"] == 1
+    assert first[0] == 502
+    assert second == (200, b'{"ok":true}')

@@ -77,6 +77,9 @@ def test_a_truncated_body_does_not_end_with_the_connection() -> None:
             for rest in (b"", b"0\r\n\r\n")
         ),
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%b\r\nabc" % (b"f" * 24),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100000001\r\nabc",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x05hello",
         b"SPDY/3 200 OK\r\n\r\n",
         b"HTTP/1.1 abc OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
@@ -91,3 +94,18 @@ def test_a_malformed_response_is_a_framing_error(raw: bytes) -> None:
     with pytest.raises(FramingError):
         framer.feed(head + sep)
         framer.feed(rest)
+
+
+def test_a_chunk_size_with_leading_zeros_is_still_a_size() -> None:
+    framer = ResponseFramer("GET")
+    framer.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert framer.feed(b"0000000000000000003\r\nabc\r\n0\r\n\r\n") == b"abc"
+    assert framer.done
+
+
+def test_each_framing_error_names_its_reason() -> None:
+    framer = ResponseFramer("GET")
+    framer.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with pytest.raises(FramingError) as caught:
+        framer.feed(b"f" * 24 + b"\r\n")
+    assert caught.value.reason == "chunk_size"
