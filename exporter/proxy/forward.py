@@ -40,7 +40,7 @@ from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Relay, end_to_end, error_response, release, request_json
 from exporter.proxy.request import ClientRequest
-from exporter.proxy.routes import Router
+from exporter.proxy.routes import Router, normalized
 from exporter.proxy.sse import StreamTap
 from exporter.proxy.upstream import Body, Upstream
 from exporter.proxy.writer import ResponseWriter
@@ -235,8 +235,11 @@ class Proxy:
     def _plan(self, request: ClientRequest, body: bytes) -> _Plan:
         method, target, path = request.method, request.target, request.path
         parsed, unreadable = request_json(body) if method == "POST" else (None, None)
-        match = self.router.match(path, request.headers, parsed)
-        if match.path != path:  # a path_prefix removed: the rest of the target (a query) stays
+        # routed and accounted as the upstream reads the path (escapes, dot segments, `//`):
+        # a spelling of an accounted endpoint is never relayed unaccounted
+        seen = normalized(path)
+        match = self.router.match(seen, request.headers, parsed)
+        if match.path != seen:  # a path_prefix removed: the rest of the target (a query) stays
             target = match.path + target[len(path) :]
         if method != "POST" or match.path not in COMPLETIONS:
             return _Plan(match.route, target, body)

@@ -8,9 +8,11 @@ a prefix of their sha256, never stored or logged.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from exporter.config import ProxyConfig, Route
 
@@ -38,6 +40,28 @@ class Router:
                 forwarded = path[len(prefix) :] or "/" if prefix else path
                 return Match(route.name, forwarded)
         return Match(self.default, path)
+
+
+_SLASHES = re.compile("/{2,}")
+
+
+def normalized(path: str) -> str:
+    """The path as an upstream may read it, for routing and accounting only (the bytes
+    forwarded are the client's): percent-escapes decoded (uvicorn decodes them before vLLM
+    routes, so `/v1/chat%2Fcompletions` and `/v1/%63hat/completions` are served as chat
+    completions), runs of slashes made one, dot segments resolved (RFC 3986, 5.2.4)."""
+    if "%" not in path and "//" not in path and "/." not in path:
+        return path  # the common case, untouched
+    decoded = _SLASHES.sub("/", unquote(path, errors="surrogateescape"))
+    out: list[str] = []
+    for segment in decoded.split("/")[1:]:
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    tail = "/" if decoded.endswith(("/.", "/..")) else ""
+    return "/" + "/".join(out) + tail
 
 
 def _meets(

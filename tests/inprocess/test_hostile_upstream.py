@@ -344,3 +344,44 @@ async def test_an_unasked_protocol_switch_fails_only_its_own_request() -> None:
         assert side.proxy is not None and side.proxy.framing_errors["unasked_switch"] == 1
     assert first[0] == 502
     assert second == (200, b'{"ok":true}')
+
+
+async def test_every_spelling_of_an_accounted_endpoint_is_accounted() -> None:
+    """vLLM's server decodes %XX before it routes, so these are chat completions there; the
+    proxy routes and accounts them as the upstream reads them, and forwards the bytes as sent."""
+    paths = [
+        b"/v1/chat%2Fcompletions",
+        b"/v1/%63hat/completions",
+        b"/v1/chat/completion%73",
+        b"/v1//chat/completions",
+        b"/v1/./chat/completions",
+        b"/v1/x/../chat/completions",
+    ]
+    seen: list[bytes] = []
+
+    async def respond(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        if b"/metrics" in request:
+            writer.write(ok(b""))
+            return True
+        seen.append(request.split(b" ", 2)[1])
+        body = completion(SPEC)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+        return True
+
+    async with proxied(respond) as (side, proxy, _):
+        port = int(proxy.rsplit(":", 1)[1])
+        for path in paths:
+            reader, writer = await connect(port)
+            body = b'{"model":"m","messages":[]}'
+            writer.write(b"POST %b HTTP/1.1\r\nHost: x\r\nX-Route: voice\r\n" % path
+                         + b"Content-Length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+            status, _, _ = await response(reader)
+            writer.close()
+            assert status.startswith(b"HTTP/1.1 200"), path
+        acc = side.proxy.accounting if side.proxy is not None else None
+        assert acc is not None
+        await until(lambda: sum(acc.requests.values()) == len(paths))
+    assert seen == paths  # forwarded as the client sent them
+    assert sum(n for (route, _, status, _), n in acc.requests.items() if status == "200") == 6
+    assert sum((c.drafts or 0) for c in acc.exact.values()) == 6 * SPEC["num_spec_steps"]

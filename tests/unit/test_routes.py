@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from exporter.config import ProxyConfig, Route
-from exporter.proxy.routes import Match, Router
+from exporter.proxy.routes import Match, Router, normalized
 
 KEY = "sk-test-123"
 KEY_PREFIX = hashlib.sha256(KEY.encode()).hexdigest()[:12]
@@ -74,3 +74,23 @@ def test_other_keys_and_no_key_take_the_default_route() -> None:
     assert ROUTER.match("/v1/x", {"authorization": "Bearer sk-other"}, None).route == "other"
     assert ROUTER.match("/v1/x", {"authorization": "Basic abc"}, None).route == "other"
     assert ROUTER.match("/v1/x", {}, None) == Match("other", "/v1/x")
+
+
+@pytest.mark.parametrize(
+    ("path", "seen"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions"),
+        ("/v1/chat%2Fcompletions", "/v1/chat/completions"),
+        ("/v1/%63hat/completions", "/v1/chat/completions"),
+        ("/v1/chat/completion%73", "/v1/chat/completions"),
+        ("/v1//chat///completions", "/v1/chat/completions"),
+        ("/v1/./chat/completions", "/v1/chat/completions"),
+        ("/v1/x/../chat/completions", "/v1/chat/completions"),
+        ("/%2e%2e/v1/chat/completions", "/v1/chat/completions"),
+        ("/../../etc", "/etc"),
+        ("/a/b/..", "/a/"),
+        ("/agent/v1/models", "/agent/v1/models"),
+    ],
+)
+def test_paths_are_read_as_the_upstream_reads_them(path: str, seen: str) -> None:
+    assert normalized(path) == seen
