@@ -257,9 +257,31 @@ def _events(complete: bytes) -> list[bytes]:
     return out
 
 
+_LINE = re.compile(rb"\r\n|\n|\r")
+
+
+def event_data(event: bytes) -> bytes:
+    """An event's data as the SSE standard reads it (WHATWG HTML, 9.2.6): lines end in CRLF,
+    LF or CR; a line starting with ':' is a comment; a field's value follows its first ':',
+    one leading space dropped; `data` lines joined with LF, every other field (`id`, `retry`,
+    `event`) ignored here; a BOM before the first field is no part of it. What an
+    intermediary that re-frames a stream may send: a usage event in any of these forms is
+    still read."""
+    if event.startswith(b"data: ") and event.find(b"\n", 0, len(event) - 2) == -1:
+        return event[6:].rstrip(b"\r\n")  # the common form: one `data: ` line
+    data = []
+    for line in _LINE.split(event.removeprefix(b"\xef\xbb\xbf")):
+        if not line or line.startswith(b":"):
+            continue
+        name, sep, value = line.partition(b":")
+        if name == b"data":
+            data.append(value[1:] if sep and value.startswith(b" ") else value)
+    return b"\n".join(data)
+
+
 def _decode(event: bytes) -> dict[str, Any] | None:
     try:
-        data = json.loads(event.lstrip(b"\r\n").removeprefix(b"data: "))
+        data = json.loads(event_data(event))
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

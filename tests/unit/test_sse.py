@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -202,3 +203,28 @@ def test_an_event_larger_than_max_event_turns_the_tap_into_a_plain_relay() -> No
     out = b"".join(tap.feed(big[i : i + 65536]) for i in range(0, len(big), 65536))
     out += tap.feed(USAGE) + tap.flush()  # no longer observed: nothing is removed either
     assert out == big + USAGE and tap.overflowed and tap.usage is None
+
+
+USAGE_DOC = {"choices": [], "usage": {"completion_tokens": 9}, "metrics": {"x": 1}}
+USAGE_JSON = json.dumps(USAGE_DOC, separators=(",", ":")).encode()
+HALF = USAGE_JSON.index(b'"usage"')  # between two members: where JSON allows a newline
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b"data: " + USAGE_JSON + b"\n\n",  # vLLM's own
+        b"data:" + USAGE_JSON + b"\n\n",  # no space after the colon
+        b"id: 41\nevent: message\ndata: " + USAGE_JSON + b"\n\n",  # other fields
+        b": keep-alive\nretry: 3000\ndata: " + USAGE_JSON + b"\r\n\r\n",  # a comment, CRLF
+        b"data: " + USAGE_JSON[:HALF] + b"\ndata: " + USAGE_JSON[HALF:] + b"\n\n",  # two lines
+        b"\xef\xbb\xbfdata: " + USAGE_JSON + b"\r\r",  # a BOM, CR framing
+    ],
+)
+def test_a_usage_event_in_any_form_the_standard_allows_is_read(event: bytes) -> None:
+    """An intermediary that re-frames SSE may send any of these; relayed byte for byte, and
+    the usage (where the per-request object rides) read as from vLLM's own form. The two-line
+    form joins with LF (inside JSON that is whitespace)."""
+    tap = StreamTap()
+    assert tap.feed(event) + tap.flush() == event
+    assert tap.usage == USAGE_DOC
