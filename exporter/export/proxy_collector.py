@@ -41,8 +41,8 @@ class ProxyCollector(FamiliesCollector):
         refused.add_metric([], float(proxy.refused))
         shed = _counter(
             "specdec_proxy_shed_requests",
-            "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight or "
-            "max_buffered_bytes.",
+            "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight, "
+            "max_buffered_bytes, or the process's file descriptors.",
             "limit",
             proxy.shed,
         )

@@ -36,6 +36,7 @@ from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
 from exporter.proxy.connection import ClientConnection, Deadlines
 from exporter.proxy.framing import FRAMING_REASONS
+from exporter.proxy.listener import Listener
 from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Relay, end_to_end, error_response, release, request_json
@@ -46,7 +47,7 @@ from exporter.proxy.upstream import Body, Upstream
 from exporter.proxy.writer import ResponseWriter
 
 UPSTREAM_ERRORS = ("connection", "closed", "timeout", "broken", "malformed")
-LIMITS = ("connections", "in_flight", "buffered_bytes")  # what a shed request met
+LIMITS = ("connections", "in_flight", "buffered_bytes", "descriptors")  # a shed request met
 UNREADABLE = ("not_utf8", "invalid_json", "too_deep", "not_an_object")  # completion bodies
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
@@ -91,22 +92,19 @@ class Proxy:
         self.in_flight = 0  # requests sent upstream and not yet over
         self.draining = False
         self.upstream = Upstream(config.upstream, config.connect_timeout, config.read_timeout)
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self.accept, self._out_of_descriptors, self.log)
         self._clients: set[ClientConnection] = set()
         self._drained = asyncio.Event()
 
     async def start(self) -> None:
         host, port = self.config.listen
-        self._server = await asyncio.get_running_loop().create_server(
-            self.accept, host, port, backlog=1024
-        )
+        self._listener.start(host, port, backlog=1024)
 
     async def drain(self, grace: float) -> None:
         """Stop accepting; let the requests in flight complete for up to `grace` seconds
         (their connections close after them, idle ones at once); then cut the rest."""
         self.draining = True
-        if self._server is not None:
-            self._server.close()
+        self._listener.close()
         for client in list(self._clients):
             client.drain()
         if self._clients:
@@ -120,8 +118,7 @@ class Proxy:
         await self.stop()
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._listener.close()
         for client in list(self._clients):
             client.close()
         self.upstream.close()
@@ -167,6 +164,10 @@ class Proxy:
         if self.draining:
             client.drain()
         return client
+
+    def _out_of_descriptors(self, reason: str) -> None:
+        """A connection answered 503 for want of file descriptors (the listener's)."""
+        self.shed["descriptors"] += 1
 
     def _closed(self, client: ClientConnection) -> None:
         self._clients.discard(client)

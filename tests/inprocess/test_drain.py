@@ -16,15 +16,15 @@ from tests.scripted import scripted, streaming
 async def test_readiness_goes_false_before_the_listener_closes() -> None:
     async with scripted(streaming(10, 0.05)) as (up, _), sidecar(up) as (side, proxy_url, _):
         proxy = side.proxy
-        assert isinstance(proxy, Proxy) and proxy._server is not None and side.ready
+        assert isinstance(proxy, Proxy) and side.ready
         seen: list[bool] = []
-        close = proxy._server.close
+        close = proxy._listener.close
 
         def recorded() -> None:
             seen.append(side.ready)
             close()
 
-        proxy._server.close = recorded  # type: ignore[method-assign]
+        proxy._listener.close = recorded  # type: ignore[method-assign]
         body = {"model": "sim-27b", "stream": True, "user": "d", "messages": []}
         async with aiohttp.ClientSession() as session:
             idle = await session.get(proxy_url + "/v1/models")  # leaves an idle keep-alive

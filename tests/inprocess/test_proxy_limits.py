@@ -43,7 +43,7 @@ async def test_past_max_in_flight_requests_get_503_with_retry_after() -> None:
     for i, (status, _, body) in enumerate(done):
         assert status == 200 and body == b"".join(sse_completion(f"a{i}", EVENTS, usage=False))
     assert after[0] == 200
-    assert counted == {"connections": 0, "in_flight": 3, "buffered_bytes": 0}
+    assert counted == {"connections": 0, "in_flight": 3, "buffered_bytes": 0, "descriptors": 0}
 
 
 async def test_past_max_connections_a_connection_gets_503_and_is_closed() -> None:

@@ -1,0 +1,129 @@
+"""The proxy's accept loop, which stays up when the process runs out of file descriptors.
+
+Why not the event loop's own server: when accept() fails with EMFILE or ENFILE, uvloop tries
+again at once (seen: ~25,000 log lines in a few seconds, half a core) and asyncio logs a
+traceback and waits; either way the new client's connection waits in the backlog with no
+answer until other clients leave. Here one descriptor is kept in reserve: when accept() fails
+for want of descriptors, the reserve is closed, the waiting connection accepted, answered 503
+with a Retry-After (vLLM's shape) and closed, the reserve taken again, for every connection
+waiting; the episode is logged once when it starts and once when it ends, with its count.
+Recovery needs no restart: the next accept() that succeeds ends the episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import Callable
+
+from structlog.stdlib import BoundLogger
+
+EXHAUSTED = {errno.EMFILE: "emfile", errno.ENFILE: "enfile"}
+PER_WAKE = 64  # connections taken per readiness event: the loop's other work goes on between
+BACKOFF = (0.05, 1.0)  # seconds: when not even the reserve helps, accept() is paused this long
+_BODY = (  # vLLM's error shape, as the proxy's other 503s (relay.error_response)
+    b'{"error": {"message": "the proxy is out of file descriptors", "type": '
+    b'"ServiceUnavailableError", "param": null, "code": 503}}'
+)
+SHED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(_BODY), _BODY)
+)
+
+
+class Listener:
+    """Accepts connections on one listening socket and hands each to `protocol()`."""
+
+    def __init__(
+        self,
+        protocol: Callable[[], asyncio.Protocol],
+        shed: Callable[[str], None],
+        log: BoundLogger,
+    ) -> None:
+        self._protocol = protocol
+        self._shed = shed  # told each connection answered 503 for want of descriptors
+        self._log = log
+        self._sock: socket.socket | None = None
+        self._reserve: int | None = None
+        self._episode = 0  # connections shed in the current episode (0: none under way)
+        self._backoff = BACKOFF[0]
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, host: str, port: int, backlog: int = 1024) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sock = socket.create_server((host, port), backlog=backlog)
+        self._sock.setblocking(False)
+        self._reserve = os.open(os.devnull, os.O_RDONLY)
+        self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def close(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+
+    def _readable(self) -> None:
+        sock, loop = self._sock, self._loop
+        assert sock is not None and loop is not None
+        for _ in range(PER_WAKE):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in EXHAUSTED:
+                    self._exhausted(EXHAUSTED[exc.errno])
+                    return
+                continue  # ECONNABORTED and the like: that client is gone, the next one waits
+            if self._episode:
+                self._log.warning("file descriptors available again", shed=self._episode)
+                self._episode, self._backoff = 0, BACKOFF[0]
+            conn.setblocking(False)
+            loop.create_task(loop.connect_accepted_socket(self._protocol, conn))
+
+    def _exhausted(self, reason: str) -> None:
+        """Answer every waiting connection 503 through the reserved descriptor; pause accept()
+        for a while when even that cannot be done."""
+        sock, loop = self._sock, self._loop
+        assert sock is not None and loop is not None
+        if not self._episode:
+            self._log.warning("out of file descriptors: new connections get 503", reason=reason)
+        while self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break  # nobody is waiting any more
+            except OSError:
+                break
+            else:
+                with conn, contextlib.suppress(OSError):
+                    conn.send(SHED)  # fits a socket buffer: sent at once or not at all
+                self._episode += 1
+                self._shed(reason)
+            finally:
+                self._reserve = self._take_reserve()
+        if self._reserve is None:  # the descriptor was taken meanwhile: back off and retry
+            loop.remove_reader(sock.fileno())
+            loop.call_later(self._backoff, self._resume)
+            self._backoff = min(self._backoff * 2, BACKOFF[1])
+
+    def _take_reserve(self) -> int | None:
+        try:
+            return os.open(os.devnull, os.O_RDONLY)
+        except OSError:
+            return None
+
+    def _resume(self) -> None:
+        if self._sock is None or self._loop is None:
+            return
+        if self._reserve is None:
+            self._reserve = self._take_reserve()
+        self._loop.add_reader(self._sock.fileno(), self._readable)
