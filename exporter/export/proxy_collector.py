@@ -48,7 +48,8 @@ class ProxyCollector(FamiliesCollector):
         )
         timeouts = _counter(
             "specdec_proxy_client_timeouts",
-            "Clients that missed a deadline: head, body (408) or write (cut, upstream dropped).",
+            "Clients that missed a deadline: head, body (408), write (cut, upstream dropped), or "
+            "stalled_body (an upload idle 1 s gave its buffered bytes back under pressure: 408).",
             "phase",
             proxy.timeouts,
         )

@@ -90,6 +90,7 @@ class ClientConnection(asyncio.Protocol):
         self._last = self._loop.time()
         self._head_since: float | None = None  # the first byte of a head not yet whole
         self._body_since: float | None = None  # a head whole, its body not yet
+        self._body_last = 0.0  # when the last bytes of a body being received came
         self._stalled_since: float | None = None  # the client stopped reading our writes
         self._timer: asyncio.TimerHandle | None = None
 
@@ -134,10 +135,15 @@ class ClientConnection(asyncio.Protocol):
             self._head_since = now
             self._arm(now + self.deadlines.head)
         if not reader.body_pending:
-            self._body_since = None
-        elif self._body_since is None:
-            self._body_since = now
-            self._arm(now + self.deadlines.body)
+            if self._body_since is not None:
+                self._body_since = None
+                reader.budget.uploads.discard(self)
+        else:
+            self._body_last = now
+            if self._body_since is None:
+                self._body_since = now
+                self._arm(now + self.deadlines.body)
+                reader.budget.uploads.add(self)  # it may give its hold back when it stalls
         self._next()
 
     def eof_received(self) -> bool:
@@ -145,6 +151,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = self.writer.transport = None
+        self.reader.budget.uploads.discard(self)
         self.reader.release()
         self.writer.drained()
         self.reader.ready.clear()
@@ -268,8 +275,26 @@ class ClientConnection(asyncio.Protocol):
                 due.append(head_since + limits.head)
         self._timer = self._loop.call_at(min(due), self._check_deadlines)
 
+    # ------------------------------------------------------------ as a budget's Upload
+
+    def stalled_for(self) -> float:
+        """Seconds since the last bytes of the body being received (0: none is)."""
+        return 0.0 if self._body_since is None else self._loop.time() - self._body_last
+
+    def evict(self) -> None:
+        """The budget needs the room its stalled body holds: 408 and close, its hold given
+        back now; the answer goes out from the loop (this runs inside another request's)."""
+        if self._body_since is None or self._transport is None:
+            return
+        self._body_since = None
+        self.server.timed_out("stalled_body")
+        self.reader.refuse(Refusal(408, "request body stalled under load", "RequestTimeout"))
+        self._loop.call_soon(self._next)
+
     def _timed_out(self, phase: str, message: str) -> None:
         """A head or body too slow: 408 after the responses before it, then the close."""
+        if self._body_since is not None:
+            self.reader.budget.uploads.discard(self)
         self._head_since = self._body_since = None
         self.server.timed_out(phase)
         self.reader.refuse(Refusal(408, message, "RequestTimeout"))

@@ -85,9 +85,9 @@ class Proxy:
         self.framing_errors: dict[str, int] = dict.fromkeys(FRAMING_REASONS, 0)  # malformed
         self.refused = 0
         self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
-        self.timeouts: dict[str, int] = dict.fromkeys(("head", "body", "write"), 0)
+        self.timeouts: dict[str, int] = dict.fromkeys(("head", "body", "write", "stalled_body"), 0)
         self.unreadable: dict[str, int] = dict.fromkeys(UNREADABLE, 0)  # completion bodies
-        self.budget = Budget(config.max_buffered_bytes)
+        self.budget = Budget(config.max_buffered_bytes, _reserve(config))
         self.cut_at_drain = 0  # requests still running when the drain's grace ran out
         self.in_flight = 0  # requests sent upstream and not yet over
         self.draining = False
@@ -133,6 +133,7 @@ class Proxy:
         one retired (its connections close as their requests end)."""
         upstream = (config.upstream, config.connect_timeout, config.read_timeout)
         self.budget.limit = config.max_buffered_bytes  # what is held now stays held
+        self.budget.reserve = _reserve(config)
         if upstream != (
             self.config.upstream,
             self.config.connect_timeout,
@@ -291,3 +292,9 @@ class Proxy:
         if status == "200" and doc and single:  # vLLM never sends an object for n > 1
             self.objects_missing = outcome.without_exact in reasons.NO_OBJECT
         self.accounting.record(outcome)
+
+
+def _reserve(config: ProxyConfig) -> int:
+    """The budget kept for ordinary requests whatever large uploads hold: an eighth, as long
+    as one max_body_bytes body still fits beside it."""
+    return min(config.max_buffered_bytes // 8, config.max_buffered_bytes - config.max_body_bytes)

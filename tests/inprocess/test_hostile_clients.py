@@ -48,6 +48,7 @@ async def test_stalled_uploads_hold_at_most_the_budget_and_give_it_back() -> Non
     async with proxied(max_body_bytes=128 * KIB, max_buffered_bytes=256 * KIB) as (side, port):
         assert side.proxy is not None
         budget = side.proxy.budget
+        budget.stall = 600.0  # no stalled upload gives way in this test
         stalled = []
         for _ in range(2):
             reader, writer = await connect(port)
@@ -257,3 +258,69 @@ async def test_bodies_routing_cannot_read_are_relayed_untouched_and_counted() ->
             assert echoed.endswith(b"\r\n\r\n" + body), reason
         assert side.proxy.unreadable == dict.fromkeys(bodies, 1)
         assert sum(side.faults.counts.values()) == 0
+
+
+async def _timed_requests(port: int, n: int) -> list[tuple[bytes, float]]:
+    """n small completions, one after the other, each on a new connection: (status, seconds)."""
+    out = []
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    for _ in range(n):
+        started = asyncio.get_running_loop().time()
+        reader, writer = await connect(port)
+        writer.write(upload_head(len(body)) + body)
+        status, _, _ = await response(reader)
+        writer.close()
+        out.append((status, asyncio.get_running_loop().time() - started))
+    return out
+
+
+async def test_stalled_max_size_uploaders_deny_no_one_else() -> None:
+    """N connections declare max_body_bytes bodies and stall (N = 4, and max_connections / 2):
+    their holds may fill what large uploads may take, never the reserve that ordinary requests
+    get, so every small completion from another client is answered, about as fast as idle.
+    (Before: four such uploads held the whole 64 MiB and every other request got 503.)"""
+    mib = 1 << 20
+    async with proxied(max_connections=64) as (side, port):
+        assert side.proxy is not None
+        idle = await _timed_requests(port, 10)
+        for n in (4, 32):  # 32 = max_connections / 2
+            stalled = []
+            for _ in range(n):
+                reader, writer = await connect(port)
+                writer.write(upload_head(16 * mib) + b"x" * KIB)
+                stalled.append((reader, writer))
+            await until(lambda: side.proxy is not None and side.proxy.budget.held >= 48 * mib)
+            busy = await _timed_requests(port, 10)
+            for _, writer in stalled:
+                writer.close()
+            await until(lambda: side.proxy is not None and side.proxy.budget.held == 0)
+            assert [s for s, _ in busy if not s.startswith(b"HTTP/1.1 200")] == [], n
+            p50 = sorted(t for _, t in busy)[5]
+            assert p50 <= 2 * max(sorted(t for _, t in idle)[5], 0.005), (n, p50, idle)
+
+
+async def test_under_pressure_a_stalled_upload_gives_its_hold_back() -> None:
+    """Uploads that stop sending hold bytes only until someone needs them: past the budget, the
+    upload stalled longest gets a 408 and its hold goes to the new request."""
+    body = 100 * KIB
+    async with proxied(max_body_bytes=128 * KIB, max_buffered_bytes=256 * KIB) as (side, port):
+        assert side.proxy is not None
+        budget = side.proxy.budget
+        budget.stall = 0.2
+        stalled = []
+        for _ in range(2):
+            reader, writer = await connect(port)
+            writer.write(upload_head(body) + b"x" * KIB)
+            stalled.append((reader, writer))
+        await until(lambda: budget.held == 2 * body)
+        await until(lambda: all(u.stalled_for() >= 0.2 for u in budget.uploads))
+        reader, writer = await connect(port)
+        writer.write(upload_head(body) + b"y" * body)
+        status, _, answer = await response(reader)
+        assert status.startswith(b"HTTP/1.1 200"), (status, answer)
+        cut = [await response(r) for r, _ in stalled[:1]]
+        assert cut[0][0].startswith(b"HTTP/1.1 408")
+        assert side.proxy.timeouts["stalled_body"] == 1
+        for _, w in stalled:
+            w.close()
+        writer.close()
