@@ -65,7 +65,8 @@ def unpack(archive: Path, into: Path) -> Path:
         if root is None:
             raise BuildError(f"{archive}: neither an sdist with vendor/llama.cpp nor a packed tree")
         members = [m for m in tar.getmembers() if m.name == root or m.name.startswith(root + "/")]
-        tar.extractall(into, members=members, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.11.4+
+        tar.extractall(into, members=members, **safe)  # type: ignore[arg-type]
     return into / root
 
 

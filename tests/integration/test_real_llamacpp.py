@@ -360,15 +360,15 @@ async def test_llamacpp_routes_get_the_load_aware_payoff_and_options_per_k(
     curve = (StepTimePoint(1.0, 0.001, 0.003), StepTimePoint(4.0, 0.002, 0.006))
     models = (ModelConfig("tiny", 3, 3.0, step_time=curve),)
     async with sidecar(server, Window("5s", 5.0), models) as (proxy, metrics):
-        await traffic(proxy, 8)
 
         async def figures() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            await traffic(proxy, 4)  # traffic goes on until the window (5 s) has figures
             page = await sidecar_page(metrics)
             found = [summed(page, "specdec_route_estimated_speedup_ratio", route=r)
                      for r in ("voice_chat", "coding_agent")]  # fmt: skip
             return page if all(found) else None
 
-        page = await eventually(figures, 30.0)
+        page = await eventually(figures, 60.0)
     for route in ("voice_chat", "coding_agent"):
         estimated = summed(page, "specdec_route_estimated_speedup_ratio", route=route)
         measured = summed(page, "specdec_route_speedup_ratio", route=route)
