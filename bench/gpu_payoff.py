@@ -6,13 +6,16 @@ speculative server (docs/BENCHMARKS.md §11 has the figures and the exact comman
 1. build   llama-server with CUDA from the llama-cpp-python sdist, patched so a request brings
            its own synthetic acceptance and draft length (bench/gpu/build.py), or --server BIN;
 2. models  the target and draft GGUFs, written locally (bench/gpu/models.py);
-3. ab      the A/B truth per route and load (closed-loop clients at each --levels, phases
-           alternated spec, plain, ...; rounds repeated until two agree within 5 %, an outlier
-           named, never averaged in), and on the same servers the product's own path:
-           `specdec measure --concurrency` -> its models: block -> `specdec serve` with the
-           proxy and both routes, the A/B's speculative phases sent through it -> the sidecar's
-           estimated and measured speedups, best draft length and `specdec advise`; at
-           --alone levels each route alone on the engine too (load vs mixing);
+3. ab      each server first runs --warm seconds at the top level (llama-server's step time
+           depends on which of its slots have been used, so measure and the A/B must see the
+           same history), then the A/B truth per route and load (closed-loop clients at each
+           --levels, phases alternated spec, plain, ...; rounds repeated until two agree
+           within 5 %, an outlier named, never averaged in), and on the same servers the
+           product's own path: `specdec measure --concurrency` -> its models: block ->
+           `specdec serve` with the proxy and both routes, the A/B's speculative phases sent
+           through it -> the sidecar's estimated and measured speedups, best draft length and
+           `specdec advise`; at --alone levels each route alone on the engine too (load vs
+           mixing);
 4. sweep   the true best draft length: per route alone, the A/B at k = 0..--sweep-k at each
            --sweep-levels (k = 0: the plain server).
 
@@ -186,6 +189,9 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
     work = Path(args.work)
     pack = product.scenario_pack(work / "pack.jsonl", ROUTES)
     t0 = time.monotonic()
+    for server in (spec, plain):  # the state the A/B runs in (docs/BENCHMARKS.md §11, run 4)
+        asyncio.run(phase(server.base_url, ROUTES, max(args.levels), args.warm))
+        asyncio.run(idle(server.metrics_url))
     printed = product.measure(spec.base_url, plain.base_url, args.levels, pack,
                               run.out / "measure.log")  # fmt: skip
     block = product.models_block(printed)
@@ -273,6 +279,8 @@ def main() -> int:
     ap.add_argument("--advise-at", default="1,16")
     ap.add_argument("--phase", type=float, default=10.0, help="seconds per A/B phase")
     ap.add_argument("--max-rounds", type=int, default=4)
+    ap.add_argument("--warm", type=float, default=10.0,
+                    help="seconds of top-level traffic on each server before measure")  # fmt: skip
     ap.add_argument("--k", type=int, default=3, help="the deployed draft length")
     ap.add_argument("--sweep-levels", default="1,16")
     ap.add_argument("--sweep-k", type=int, default=5)

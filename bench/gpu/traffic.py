@@ -48,6 +48,10 @@ class Route:
             "messages": builtin(self.scenario).messages(index),
             "max_tokens": self.max_tokens,
             "ignore_eos": True,
+            # no prompt-cache reuse: a request whose prompt a slot holds whole takes llama-server's
+            # "need to evaluate at least 1 token" path, which stalled the plain server for
+            # seconds (its A/B rates at c = 16 fell 3-5x) and once hung it (docs/BENCHMARKS.md §11)
+            "cache_prompt": False,
             "speculative.synth_rates": list(self.rates),
         }
         if k is not None:

@@ -152,7 +152,11 @@ def test_the_measure_pack_carries_each_routes_request_fields(tmp_path: Path) -> 
     scenarios = load_file(pack)
     assert [s.name for s in scenarios] == ["voice_chat", "coding_agent"]
     extra = dict(scenarios[1].extra_body)
-    assert extra == {"ignore_eos": True, "speculative.synth_rates": list(AGENT.rates)}
+    assert extra == {
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "speculative.synth_rates": list(AGENT.rates),
+    }
     assert len(scenarios[0].prompts) == 3 and scenarios[0].max_tokens == VOICE.max_tokens
 
 
