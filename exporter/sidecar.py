@@ -280,7 +280,7 @@ async def run(config: Config, reload: Callable[[], Config] | None = None) -> Non
             )
         await stop.wait()
         if sidecar.proxy is not None:
-            log.info("draining", in_flight=sidecar.proxy.in_flight)
+            log.info("draining", in_flight=sidecar.proxy.stats.in_flight)
         await sidecar.drain()
     finally:
         await sidecar.stop()

@@ -23,7 +23,7 @@ class ProxyCollector(FamiliesCollector):
             "request was written; never re-sent), timeout (504), broken (cut mid-way), malformed "
             "(not valid HTTP/1.1).",
             "reason",
-            proxy.upstream_errors,
+            proxy.stats.upstream_errors,
         )
         framing = _counter(
             "specdec_proxy_upstream_framing_errors",
@@ -31,34 +31,34 @@ class ProxyCollector(FamiliesCollector):
             "(status_line, header_line, head_too_long, content_length, chunk_size, "
             "chunk_overrun, unasked_switch): each a 502 before the head, a cut after it.",
             "reason",
-            proxy.framing_errors,
+            proxy.stats.framing_errors,
         )
         refused = CounterMetricFamily(
             "specdec_proxy_refused_requests",
             "Requests refused: malformed, absolute URI, CONNECT, body too large, transfer coding "
             "not chunked, a head or body too slow.",
         )
-        refused.add_metric([], float(proxy.refused))
+        refused.add_metric([], float(proxy.stats.refused))
         shed = _counter(
             "specdec_proxy_shed_requests",
             "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight, "
             "max_buffered_bytes, or the process's file descriptors.",
             "limit",
-            proxy.shed,
+            proxy.stats.shed,
         )
         timeouts = _counter(
             "specdec_proxy_client_timeouts",
             "Clients that missed a deadline: head, body (408), write (cut, upstream dropped), or "
             "stalled_body (an upload idle 1 s gave its buffered bytes back under pressure: 408).",
             "phase",
-            proxy.timeouts,
+            proxy.stats.timeouts,
         )
         unreadable = _counter(
             "specdec_proxy_unreadable_requests",
             "Completion requests whose body is not a UTF-8 JSON object: relayed untouched, "
             "unaccounted.",
             "reason",
-            proxy.unreadable,
+            proxy.stats.unreadable,
         )
         buffered = GaugeMetricFamily(
             "specdec_proxy_buffered_bytes",
@@ -74,11 +74,11 @@ class ProxyCollector(FamiliesCollector):
             "specdec_proxy_drain_cut_requests",
             "Requests still in flight when a drain's grace (drain_timeout) ran out: closed.",
         )
-        cut.add_metric([], float(proxy.cut_at_drain))
+        cut.add_metric([], float(proxy.stats.cut_at_drain))
         in_flight = GaugeMetricFamily(
             "specdec_proxy_in_flight_requests", "Requests sent upstream and not over yet."
         )
-        in_flight.add_metric([], float(proxy.in_flight))
+        in_flight.add_metric([], float(proxy.stats.in_flight))
         clients = GaugeMetricFamily(
             "specdec_proxy_client_connections", "Client connections open to the proxy."
         )

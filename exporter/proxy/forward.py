@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from exporter import logs
 from exporter.config import ProxyConfig
@@ -35,20 +34,17 @@ from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
 from exporter.proxy.connection import ClientConnection, Deadlines
-from exporter.proxy.framing import FRAMING_REASONS
 from exporter.proxy.listener import Listener
 from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
-from exporter.proxy.relay import Relay, end_to_end, error_response, release, request_json
+from exporter.proxy.relay import Ending, Relay, Watch
 from exporter.proxy.request import ClientRequest
+from exporter.proxy.responses import end_to_end, error_response, release, request_json
 from exporter.proxy.routes import Router, normalized
-from exporter.proxy.sse import StreamTap
+from exporter.proxy.stats import ProxyStats
 from exporter.proxy.upstream import Body, Upstream
 from exporter.proxy.writer import ResponseWriter
 
-UPSTREAM_ERRORS = ("connection", "closed", "timeout", "broken", "malformed")
-LIMITS = ("connections", "in_flight", "buffered_bytes", "descriptors")  # a shed request met
-UNREADABLE = ("not_utf8", "invalid_json", "too_deep", "not_an_object")  # completion bodies
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -60,13 +56,9 @@ class _Plan:
     """Where a request goes and what is watched: routing's result (or, when routing raised,
     the request forwarded as it came, to the default route, unwatched)."""
 
-    route: str
     target: str
     body: Body
-    strip: tuple[bool, bool] | None = None  # a streamed completion: what the tap removes
-    content_key: bytes = b""
-    single: bool | None = None  # a completion, accounted: one choice (n == 1)?
-    strip_spec: bool = False  # SGLang: the proxy asked for spec_tokens_details, the client did not
+    watch: Watch
 
 
 class Proxy:
@@ -81,15 +73,8 @@ class Proxy:
         self.objects_missing = False  # learnt: upstream sends no per-request object
         self.engine: Engine = DEFAULT  # the upstream's kind (set by the sidecar): what to ask
         # it for, how its connections behave
-        self.upstream_errors: dict[str, int] = dict.fromkeys(UPSTREAM_ERRORS, 0)
-        self.framing_errors: dict[str, int] = dict.fromkeys(FRAMING_REASONS, 0)  # malformed
-        self.refused = 0
-        self.shed: dict[str, int] = dict.fromkeys(LIMITS, 0)  # 503s past a limit
-        self.timeouts: dict[str, int] = dict.fromkeys(("head", "body", "write", "stalled_body"), 0)
-        self.unreadable: dict[str, int] = dict.fromkeys(UNREADABLE, 0)  # completion bodies
+        self.stats = ProxyStats()
         self.budget = Budget(config.max_buffered_bytes, _reserve(config))
-        self.cut_at_drain = 0  # requests still running when the drain's grace ran out
-        self.in_flight = 0  # requests sent upstream and not yet over
         self.draining = False
         self.upstream = Upstream(config.upstream, config.connect_timeout, config.read_timeout)
         self._listener = Listener(self.accept, self._out_of_descriptors, self.log)
@@ -112,7 +97,7 @@ class Proxy:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), grace)
         cut = [client for client in self._clients if client.busy]
-        self.cut_at_drain += len(cut)
+        self.stats.cut_at_drain += len(cut)
         if cut:
             self.log.warning("drain grace over: requests cut", requests=len(cut), grace=grace)
         await self.stop()
@@ -168,7 +153,7 @@ class Proxy:
 
     def _out_of_descriptors(self, reason: str) -> None:
         """A connection answered 503 for want of file descriptors (the listener's)."""
-        self.shed["descriptors"] += 1
+        self.stats.shed["descriptors"] += 1
 
     def _closed(self, client: ClientConnection) -> None:
         self._clients.discard(client)
@@ -179,11 +164,11 @@ class Proxy:
         if refusal.retry_after:  # the budget was spent: shed, not refused
             self._shed(writer, "buffered_bytes")
             return
-        self.refused += 1
+        self.stats.refused += 1
         error_response(writer, refusal.status, refusal.message, refusal.kind)
 
     def timed_out(self, phase: str) -> None:
-        self.timeouts[phase] += 1
+        self.stats.timeouts[phase] += 1
 
     def begin(
         self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
@@ -201,40 +186,39 @@ class Proxy:
             )
             release(hold)
             return None
-        if over_limit or self.in_flight >= self.config.max_in_flight:
+        if over_limit or self.stats.in_flight >= self.config.max_in_flight:
             self._shed(writer, "connections" if over_limit else "in_flight")
             release(hold)
             return None
         try:
-            plan = self._plan(request, body)
+            plan = self._plan(request, body, started)
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
-            plan = _Plan(self.config.default_route, target, body)
-        call = Relay(self, writer, method, hold)
-        self.in_flight += 1
-        call.exchange = self.upstream.send(
+            plan = _Plan(target, body, Watch(self.config.default_route, started, None))
+        upstream, fields, keeps = self.upstream, end_to_end(request.fields), self.engine
+        self.stats.in_flight += 1
+        return Relay(
+            writer,
             method,
-            plan.target,
-            end_to_end(request.fields),
-            plan.body,
-            call,
-            keeps_chunked=self.engine.keeps_chunked_connections,
+            hold,
+            plan.watch,
+            max_body_bytes=self.config.max_body_bytes,
+            budget=self.budget,
+            stats=self.stats,
+            faults=self.faults,
+            log=self.log,
+            send=lambda receiver: upstream.send(
+                method,
+                plan.target,
+                fields,
+                plan.body,
+                receiver,
+                keeps_chunked=keeps.keeps_chunked_connections,
+            ),
+            ended=self._ended,
         )
-        # the rest can wait until the request is on its way: no response byte comes before
-        if plan.strip is not None:
-            call.tap = StreamTap(
-                *plan.strip,
-                strip_spec_details=plan.strip_spec,
-                content_key=plan.content_key,
-                on_fault=call.tap_fault,
-                budget=self.budget,
-            )
-        call.strip_spec = plan.strip_spec
-        if plan.single is not None:  # accounted when it ends
-            call.account = (plan.route, started, plan.single)
-        return call
 
-    def _plan(self, request: ClientRequest, body: bytes) -> _Plan:
+    def _plan(self, request: ClientRequest, body: bytes, started: float) -> _Plan:
         method, target, path = request.method, request.target, request.path
         parsed, unreadable = request_json(body) if method == "POST" else (None, None)
         # routed and accounted as the upstream reads the path (escapes, dot segments, `//`):
@@ -243,26 +227,22 @@ class Proxy:
         match = self.router.match(seen, request.headers, parsed)
         if match.path != seen:  # a path_prefix removed: the rest of the target (a query) stays
             target = match.path + target[len(path) :]
+        unwatched = Watch(match.route, started, None)
         if method != "POST" or match.path not in COMPLETIONS:
-            return _Plan(match.route, target, body)
+            return _Plan(target, body, unwatched)
         if parsed is None:  # relayed untouched, unaccounted: the client's doing
-            self.unreadable[unreadable or "not_an_object"] += 1
-            return _Plan(match.route, target, body)
+            self.stats.unreadable[unreadable or "not_an_object"] += 1
+            return _Plan(target, body, unwatched)
         asked = ask(parsed, body, self.engine, self.objects_missing)
         single = (parsed.get("n") or 1) == 1
-        return _Plan(
-            match.route,
-            target,
-            asked.body,
-            asked.strip,
-            COMPLETIONS[match.path],
-            single,
-            asked.strip_spec,
+        watch = Watch(
+            match.route, started, single, asked.strip, COMPLETIONS[match.path], asked.strip_spec
         )
+        return _Plan(target, asked.body, watch)
 
     def _shed(self, writer: ResponseWriter, limit: str) -> None:
         """Past a limit: vLLM's 503 shape, a Retry-After, the connection closed after it."""
-        self.shed[limit] += 1
+        self.stats.shed[limit] += 1
         writer.close_after = True
         what = {
             "connections": "client connections",
@@ -277,21 +257,28 @@ class Proxy:
             retry_after=1,
         )
 
-    def account(
-        self,
-        account: tuple[str, float, bool],
-        status: str,
-        tap: StreamTap | None,
-        doc: dict[str, Any] | None,
-    ) -> None:
-        """`doc`: the decoded response or usage event; None when it was relayed unread."""
-        route, started, single = account
-        outcome = request_outcome(
-            self.accounting, route, started, single, status, tap, doc, self.engine
-        )
-        if status == "200" and doc and single:  # vLLM never sends an object for n > 1
-            self.objects_missing = outcome.without_exact in reasons.NO_OBJECT
-        self.accounting.record(outcome)
+    def _ended(self, ending: Ending) -> None:
+        """A relay's one report: out of flight, and accounted when it was watched."""
+        self.stats.in_flight -= 1
+        watch = ending.watch
+        if watch is None or watch.single is None:
+            return
+        try:
+            outcome = request_outcome(
+                self.accounting,
+                watch.route,
+                watch.started,
+                watch.single,
+                ending.status,
+                ending.tap,
+                ending.doc,
+                self.engine,
+            )
+            if ending.status == "200" and ending.doc and watch.single:  # never for n > 1
+                self.objects_missing = outcome.without_exact in reasons.NO_OBJECT
+            self.accounting.record(outcome)
+        except Exception as exc:
+            self.faults.record("accounting", exc)
 
 
 def _reserve(config: ProxyConfig) -> int:

@@ -36,7 +36,7 @@ async def test_readiness_goes_false_before_the_listener_closes() -> None:
                 data = await resp.read()  # its head went out before the drain: it just ends
             await asyncio.wait_for(drained, 10)
         assert data.endswith(b"data: [DONE]\n\n")
-        assert proxy.cut_at_drain == 0 and proxy.client_connections == 0
+        assert proxy.stats.cut_at_drain == 0 and proxy.client_connections == 0
 
 
 async def test_a_connection_accepted_while_draining_is_answered_once_then_closed() -> None:
@@ -62,4 +62,4 @@ async def test_a_connection_accepted_while_draining_is_answered_once_then_closed
             waited = asyncio.get_running_loop().time() - started
         assert late.startswith(b"HTTP/1.1 200") and b"\r\nconnection: close\r\n" in late.lower()
         assert waited < 2, f"the drain waited {waited:.1f} s for the late connection"
-        assert proxy.cut_at_drain == 0 and proxy.client_connections == 0
+        assert proxy.stats.cut_at_drain == 0 and proxy.client_connections == 0

@@ -70,7 +70,7 @@ async def test_stalled_uploads_hold_at_most_the_budget_and_give_it_back() -> Non
             w.close()
         await until(lambda: budget.held == 0)
         assert budget.peak <= 256 * KIB
-        assert side.proxy.shed["buffered_bytes"] == 1
+        assert side.proxy.stats.shed["buffered_bytes"] == 1
         # room again: a whole upload goes through
         reader, writer = await connect(port)
         writer.write(upload_head(body) + b"x" * body)
@@ -111,10 +111,10 @@ async def test_clients_that_stop_reading_are_cut_after_write_timeout_and_free_th
             writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
             stuck.append((reader, writer))
         proxy = side.proxy
-        await until(lambda: proxy.in_flight == 2)
+        await until(lambda: proxy.stats.in_flight == 2)
         # never read: both are cut, their upstream requests dropped, the slots free again
-        await until(lambda: proxy.timeouts["write"] == 2)
-        await until(lambda: proxy.in_flight == 0)
+        await until(lambda: proxy.stats.timeouts["write"] == 2)
+        await until(lambda: proxy.stats.in_flight == 0)
         await asyncio.wait_for(aborted.wait(), 10)
         assert sent[0] < 64 * 1024 * KIB  # back-pressure held the upstream meanwhile
         for _, w in stuck:
@@ -144,7 +144,7 @@ async def test_a_trickled_body_is_408_after_body_timeout() -> None:
         assert status.startswith(b"HTTP/1.1 408") and headers["connection"] == "close"
         assert b"request body not received in time" in body
         assert asyncio.get_running_loop().time() - started < 5
-        assert side.proxy.timeouts["body"] == 1 and side.proxy.budget.held == 0
+        assert side.proxy.stats.timeouts["body"] == 1 and side.proxy.budget.held == 0
         writer.close()
 
 
@@ -199,7 +199,7 @@ async def test_tls_and_binary_bytes_get_400_at_once() -> None:
             writer.close()
             assert status.startswith(b"HTTP/1.1 400")
             assert asyncio.get_running_loop().time() - started < 5  # not the head's 30 s
-        assert side.proxy.timeouts["head"] == 0
+        assert side.proxy.stats.timeouts["head"] == 0
 
 
 async def test_headers_named_in_connection_are_not_forwarded_either_way() -> None:
@@ -256,7 +256,7 @@ async def test_bodies_routing_cannot_read_are_relayed_untouched_and_counted() ->
             writer.close()
             assert status.startswith(b"HTTP/1.1 200"), reason
             assert echoed.endswith(b"\r\n\r\n" + body), reason
-        assert side.proxy.unreadable == dict.fromkeys(bodies, 1)
+        assert side.proxy.stats.unreadable == dict.fromkeys(bodies, 1)
         assert sum(side.faults.counts.values()) == 0
 
 
@@ -320,7 +320,7 @@ async def test_under_pressure_a_stalled_upload_gives_its_hold_back() -> None:
         assert status.startswith(b"HTTP/1.1 200"), (status, answer)
         cut = [await response(r) for r, _ in stalled[:1]]
         assert cut[0][0].startswith(b"HTTP/1.1 408")
-        assert side.proxy.timeouts["stalled_body"] == 1
+        assert side.proxy.stats.timeouts["stalled_body"] == 1
         for _, w in stalled:
             w.close()
         writer.close()

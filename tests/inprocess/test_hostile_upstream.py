@@ -140,7 +140,7 @@ async def test_a_cr_or_lf_inside_an_upstream_header_is_a_counted_502() -> None:
             status, headers, _ = await response(reader)
             writer.close()
             assert status.startswith(b"HTTP/1.1 502") and "set-cookie" not in headers
-            assert side.proxy is not None and side.proxy.upstream_errors["malformed"] == 1
+            assert side.proxy is not None and side.proxy.stats.upstream_errors["malformed"] == 1
 
 
 async def test_bytes_an_upstream_writes_on_an_idle_connection_reach_no_client() -> None:
@@ -313,8 +313,8 @@ async def test_an_overflowing_chunk_size_cuts_the_response_and_nothing_after_it_
             got += await asyncio.wait_for(reader.read(), 10)  # ends: cut, or reset
         writer.close()
         assert side.proxy is not None
-        assert side.proxy.framing_errors["chunk_size"] == 1
-        assert side.proxy.upstream_errors["malformed"] == 1
+        assert side.proxy.stats.framing_errors["chunk_size"] == 1
+        assert side.proxy.stats.upstream_errors["malformed"] == 1
     assert b"SMUGGLED" not in got and b"evil" not in got
     assert not got.endswith(b"0\r\n\r\n")  # no clean end: the client sees the cut
 
@@ -341,7 +341,7 @@ async def test_an_unasked_protocol_switch_fails_only_its_own_request() -> None:
     async with proxied(respond) as (side, proxy, _):
         first = await post(proxy, {"model": "m", "messages": []})
         second = await post(proxy, {"model": "m", "messages": []})
-        assert side.proxy is not None and side.proxy.framing_errors["unasked_switch"] == 1
+        assert side.proxy is not None and side.proxy.stats.framing_errors["unasked_switch"] == 1
     assert first[0] == 502
     assert second == (200, b'{"ok":true}')
 

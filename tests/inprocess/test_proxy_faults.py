@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from exporter.export.route_collector import RouteCollector
-from exporter.proxy.forward import Proxy
+from exporter.proxy.accounting import Accounting
 from exporter.proxy.routes import Router
 from exporter.proxy.sse import StreamTap
 from tests.helpers import samples
@@ -26,7 +26,7 @@ STREAMS, EVENTS = 200, 12
 TARGETS = {  # stage -> the method that raises on every third call
     "routing": (Router, "match"),
     "tap": (StreamTap, "_content"),
-    "accounting": (Proxy, "account"),
+    "accounting": (Accounting, "record"),
     "collector": (RouteCollector, "collect"),
 }
 

@@ -28,13 +28,13 @@ async def test_past_max_in_flight_requests_get_503_with_retry_after() -> None:
         aiohttp.ClientSession() as session,
     ):
         first = [asyncio.create_task(one(session, proxy, f"a{i}")) for i in range(2)]
-        while side.proxy is not None and side.proxy.in_flight < 2:
+        while side.proxy is not None and side.proxy.stats.in_flight < 2:
             await asyncio.sleep(0.01)
         shed = await asyncio.gather(*(one(session, proxy, f"b{i}") for i in range(3)))
         done = await asyncio.gather(*first)
         after = await one(session, proxy, "c")  # room again
         assert side.proxy is not None
-        counted = dict(side.proxy.shed)
+        counted = dict(side.proxy.stats.shed)
     for status, headers, body in shed:
         assert status == 503 and headers["Retry-After"] == "1"
         error = json.loads(body)["error"]
@@ -69,4 +69,4 @@ async def test_past_max_connections_a_connection_gets_503_and_is_closed() -> Non
         async with aiohttp.ClientSession() as session:
             status, _, _ = await one(session, proxy, "ok")
         assert status == 200
-        assert side.proxy is not None and side.proxy.shed["connections"] == 1
+        assert side.proxy is not None and side.proxy.stats.shed["connections"] == 1

@@ -101,7 +101,7 @@ async def test_upstream_down_and_slow_give_502_and_504() -> None:
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await resp.read()  # the client sees the break, not a clean end
         assert side.proxy is not None
-        assert side.proxy.upstream_errors == {
+        assert side.proxy.stats.upstream_errors == {
             "connection": 0,
             "closed": 0,
             "timeout": 1,
@@ -139,7 +139,7 @@ async def test_never_an_open_proxy_and_bodies_are_bounded() -> None:
                 assert resp.status == 413
             async with s.get(proxy + "/v1/models") as resp:  # non-completion paths pass through
                 assert resp.status == 200 and (await resp.json())["data"][0]["id"] == "sim-27b"
-        assert side.proxy is not None and side.proxy.refused >= 2
+        assert side.proxy is not None and side.proxy.stats.refused >= 2
 
 
 async def test_secrets_stay_out_of_logs_and_labels(capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,7 +85,7 @@ async def test_a_request_the_upstream_read_and_left_unanswered_is_never_sent_aga
                 assert resp.status == 502
                 assert (await resp.json())["error"]["type"] == "BadGateway"
         assert side.proxy is not None
-        assert side.proxy.upstream_errors["closed"] == 2
+        assert side.proxy.stats.upstream_errors["closed"] == 2
     assert [b"pooled" in r for r in executed].count(True) == 1
     assert [b"fresh" in r for r in executed].count(True) == 1
 
