@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from exporter.config.nodes import Check, Reader, compose, number, whole
-from exporter.config.schema import read, setting
+from exporter.config.schema import DEFAULT_KIND, read, setting
 from exporter.core.durations import parse_duration
 
 NAMES = ("payoff", "requests", "engine", "health")  # the dashboards, uid <prefix>-<name>
@@ -116,7 +116,7 @@ class Durations:
 @dataclass(frozen=True, slots=True)
 class Dashboards:
     uid_prefix: str = setting(_uid_prefix, "specdec")
-    tags: tuple[str, ...] = setting(_tags, ("specdec", "speculative-decoding", "vllm"))
+    tags: tuple[str, ...] = setting(_tags, ("specdec", "speculative-decoding", DEFAULT_KIND))
     datasource: str = setting(_label_value, "specdec-prometheus")  # the provisioned uid
 
 
@@ -127,7 +127,7 @@ def _object(cls: type) -> Check:
 @dataclass(frozen=True, slots=True)
 class Mixin:
     sidecar_job: str = setting(_label_value, "specdec")  # the job scraping the sidecar
-    vllm_job: str = setting(_label_value, "vllm")  # the job scraping vLLM itself
+    vllm_job: str = setting(_label_value, DEFAULT_KIND)  # the job scraping vLLM itself
     # label matchers for vLLM's own series in alerts ("": any job, as prometheus.yml has one)
     vllm_selector: str = setting(_selector, "")
     # likewise for TensorRT-LLM's own /prometheus/metrics (SpecDecodeSilentlyOff's third half)

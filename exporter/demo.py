@@ -21,7 +21,15 @@ from typing import TypeVar
 import aiohttp
 from aiohttp import web
 
-from exporter.config import Config, ModelConfig, ProxyConfig, Route, StepTimePoint, Target
+from exporter.config import (
+    DEFAULT_KIND,
+    Config,
+    ModelConfig,
+    ProxyConfig,
+    Route,
+    StepTimePoint,
+    Target,
+)
 from exporter.core.counts import ratios, total
 from exporter.core.payoff import Decode, Speedups
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS, RequestMoments
@@ -41,7 +49,7 @@ K = 3  # the simulator's draft length
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32)
 V = TypeVar("V")
 AGREE = 0.05  # the two speedups agree within this share
-ENGINE_JOB = "vllm"  # the simulated engine's Prometheus job (prometheus.yml)
+ENGINE_JOB = DEFAULT_KIND  # the simulated engine's Prometheus job, as prometheus.yml names it
 
 
 @dataclass

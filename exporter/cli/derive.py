@@ -8,6 +8,7 @@ from pathlib import Path
 
 from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.config import ENGINE_KINDS
+from exporter.engines import DEFAULT_KIND
 from exporter.scrape.families import families
 
 EXIT_NO_DATA = 1  # a page without spec-decode counters
@@ -27,9 +28,9 @@ def register(add_verb: AddVerb) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
         "--engine",
-        default="vllm",
+        default=DEFAULT_KIND,
         choices=ENGINE_KINDS,
-        help="which engine's counter names to read (default vllm)",
+        help=f"which engine's counter names to read (default {DEFAULT_KIND})",
     )
     p.add_argument(
         "--prefix",

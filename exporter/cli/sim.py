@@ -10,6 +10,7 @@ from typing import Any
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.config import ENGINE_KINDS, ConfigError, from_flags
+from exporter.engines import DEFAULT_KIND
 from exporter.process import AddressInUse, check_free, run_until_stopped
 
 
@@ -67,9 +68,9 @@ def register(add_verb: AddVerb) -> None:
     p.add_argument(
         "--engine",
         choices=ENGINE_KINDS,
-        default="vllm",
-        help="whose wire shapes and metrics page to serve (default vllm): SGLang's sglext "
-        "details, llama.cpp's timings and llamacpp:* page, TensorRT-LLM's page at "
+        default=DEFAULT_KIND,
+        help=f"whose wire shapes and metrics page to serve (default {DEFAULT_KIND}): SGLang's "
+        "sglext details, llama.cpp's timings and llamacpp:* page, TensorRT-LLM's page at "
         "/prometheus/metrics (no per-request data)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

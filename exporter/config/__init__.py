@@ -16,6 +16,7 @@ import yaml
 from exporter.config.nodes import ConfigError, compose
 from exporter.config.schema import (
     DEFAULT_INTERVAL,
+    DEFAULT_KIND,
     DEFAULT_LISTEN,
     DEFAULT_TIMEOUT,
     ENGINE_KINDS,
@@ -35,6 +36,7 @@ from exporter.core.windows import DEFAULT_WINDOWS
 
 __all__ = [
     "DEFAULT_INTERVAL",
+    "DEFAULT_KIND",
     "DEFAULT_LISTEN",
     "DEFAULT_TIMEOUT",
     "ENGINE_KINDS",

@@ -24,6 +24,7 @@ from exporter.config.nodes import (
 )
 from exporter.core.payoff import StepCurve, StepPoint, single_point_curve
 from exporter.core.windows import DEFAULT_WINDOWS, Window
+from exporter.engines import DEFAULT_KIND as DEFAULT_KIND  # a target naming no engine: re-exported
 from exporter.engines import KINDS
 
 ENGINE_KINDS = KINDS  # a target's `engine:`: whose counter names (exporter.engines)
@@ -88,7 +89,7 @@ class Target:
 
     name: str = setting(_target_name, fallback=lambda v: default_name(v["url"]))
     url: str = setting(_target_url)
-    engine: str = setting(one_of(ENGINE_KINDS, "an engine kind"), "vllm")
+    engine: str = setting(one_of(ENGINE_KINDS, "an engine kind"), DEFAULT_KIND)
     prefix: str | None = setting(metric_prefix, None)
     interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)
     timeout: float = setting(Reader.seconds, DEFAULT_TIMEOUT)

@@ -12,6 +12,7 @@ ENGINES: dict[str, Engine] = {
 }
 KINDS = tuple(ENGINES)
 DEFAULT = vllm.ENGINE
+DEFAULT_KIND = DEFAULT.kind  # a target's `engine:` when it names none; the verbs' --engine
 
 
 def engine(kind: str) -> Engine:

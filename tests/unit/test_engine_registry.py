@@ -1,6 +1,6 @@
 """The engines layer: every engine in the registry goes through the same scrape and proxy
-contracts, and no module outside `exporter/engines/` tests an engine's name (the simulator,
-which plays the engines rather than reads them, aside)."""
+contracts, and no module outside `exporter/engines/` names an engine or one of its metrics in
+a string literal (the simulator, which plays the engines rather than reads them, aside)."""
 
 from __future__ import annotations
 
@@ -16,27 +16,35 @@ ROOT = Path(__file__).resolve().parents[2]
 PLAYS_ENGINES = ("exporter/engines/", "exporter/sim/")
 
 
-def names_tested(path: Path) -> list[str]:
-    """`file:line` of each comparison with an engine's name, or dict keyed by one."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Compare):
-            parts = [node.left, *node.comparators]
-            literals = [
-                c
-                for p in parts
-                for c in ([p] if not isinstance(p, (ast.Tuple, ast.List, ast.Set)) else p.elts)
-            ]
-        elif isinstance(node, ast.Dict):
-            literals = [k for k in node.keys if k is not None]
-        else:
-            continue
-        if any(isinstance(c, ast.Constant) and c.value in KINDS for c in literals):
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants (prose may name an engine)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
     return found
 
 
-def test_no_module_outside_the_engines_tests_an_engine_name() -> None:
+def names_tested(path: Path, root: Path = ROOT) -> list[str]:
+    """`file:line` of each string literal that is an engine's name or starts with an engine's
+    metric prefix (a metric name), docstrings aside: engine knowledge belongs in its module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    prose = _docstrings(tree)
+    prefixes = tuple(engine(kind).prefix for kind in KINDS)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if id(node) in prose:
+            continue
+        if node.value in KINDS or node.value.startswith(prefixes):
+            found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return sorted(found)
+
+
+def test_no_module_outside_the_engines_names_an_engine() -> None:
     sources = [
         p
         for p in sorted([*ROOT.glob("exporter/**/*.py"), *ROOT.glob("dashboards/**/*.py")])
@@ -46,13 +54,19 @@ def test_no_module_outside_the_engines_tests_an_engine_name() -> None:
     assert not offenders, offenders
 
 
-def test_the_names_test_finds_a_comparison() -> None:  # the check above can fail
-    probe = ROOT / "tests" / "unit" / "_probe_engine_name.py"
-    probe.write_text('def f(kind: str) -> bool:\n    return kind == "sglang"\n')
-    try:
-        assert names_tested(probe) == ["tests/unit/_probe_engine_name.py:2"]
-    finally:
-        probe.unlink()
+@pytest.mark.parametrize(
+    "line",
+    [
+        'def f(kind: str) -> bool:\n    return kind == "sglang"\n',
+        'RUNNING = "vllm:num_requests_running"\n',
+        'DEFAULTS = {"llamacpp": 1}\n',
+        'def f() -> str:\n    """Docs may say vllm."""\n    return "trtllm_spec_decode"\n',
+    ],
+)
+def test_a_planted_engine_literal_is_found(tmp_path: Path, line: str) -> None:
+    probe = tmp_path / "probe.py"  # the check above can fail
+    probe.write_text(line)
+    assert len(names_tested(probe, tmp_path)) == 1
 
 
 def test_the_config_checks_against_the_registry() -> None:
