@@ -308,11 +308,11 @@ async def test_under_pressure_a_stalled_upload_gives_its_hold_back() -> None:
         budget = side.proxy.budget
         budget.stall = 0.2
         stalled = []
-        for _ in range(2):
+        for _ in range(2):  # one after the other: the first is the one stalled longest
             reader, writer = await connect(port)
             writer.write(upload_head(body) + b"x" * KIB)
             stalled.append((reader, writer))
-        await until(lambda: budget.held == 2 * body)
+            await until(lambda: budget.held == len(stalled) * body)
         await until(lambda: all(u.stalled_for() >= 0.2 for u in budget.uploads))
         reader, writer = await connect(port)
         writer.write(upload_head(body) + b"y" * body)
