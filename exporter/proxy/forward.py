@@ -195,7 +195,7 @@ class Proxy:
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
             plan = _Plan(target, body, Watch(self.config.default_route, started, None))
-        upstream, fields, keeps = self.upstream, end_to_end(request.fields), self.engine
+        upstream, fields, engine = self.upstream, end_to_end(request.fields), self.engine
         self.stats.in_flight += 1
         return Relay(
             writer,
@@ -213,7 +213,7 @@ class Proxy:
                 fields,
                 plan.body,
                 receiver,
-                keeps_chunked=keeps.keeps_chunked_connections,
+                keeps_chunked=engine.keeps_chunked_connections,
             ),
             ended=self._ended,
         )

@@ -90,8 +90,7 @@ class Relay:
                 on_fault=self.tap_fault,
                 budget=budget,
             )
-        self.exchange: Exchange | None = None
-        self.exchange = send(self)
+        self.exchange: Exchange = send(self)
 
     # the upstream's side
     def head(self, head: Head) -> None:
@@ -173,12 +172,10 @@ class Relay:
 
     # the client's side
     def resume(self) -> None:
-        if self.exchange is not None:
-            self.exchange.resume()
+        self.exchange.resume()
 
     def gone(self) -> None:
-        if self.exchange is not None:
-            self.exchange.abort()  # the upstream connection is dropped: vLLM aborts
+        self.exchange.abort()  # the upstream connection is dropped: vLLM aborts
         self._done("499", None)
 
     def tap_fault(self, error: BaseException) -> None:
