@@ -24,11 +24,13 @@ class Models:
 
 @dataclass(frozen=True)
 class Launch:
-    """How the servers run: slots, context, and whether layers go to the GPU."""
+    """How the servers run: slots, context, whether layers go to the GPU, and whether the slots
+    share one KV buffer (llama-server's default with explicit slots is a stream per slot)."""
 
     parallel: int = 32
     ctx: int = 32768
     gpu: bool = True
+    kv_unified: bool = False
 
 
 @dataclass
@@ -80,6 +82,8 @@ def command(binary: Path, models: Models, port: int, launch: Launch, k: int | No
     ]  # fmt: skip
     if launch.gpu:
         args += ["-ngl", "99"]
+    if launch.kv_unified:
+        args += ["--kv-unified"]
     if k is not None:
         args += [
             "--spec-type", "draft-simple", "-md", str(models.draft),

@@ -23,6 +23,7 @@ from bench.gpu.rounds import (
     verdict,
     within,
 )
+from bench.gpu.servers import Launch, Models, command
 from bench.gpu.traffic import AGENT, ROUTES, VOICE, assignment
 from exporter.config import load
 from exporter.measure.scenarios import load_file
@@ -292,3 +293,14 @@ def test_the_gpu_promtool_tests_are_what_the_recorded_pages_give(name: str) -> N
     )
     shipped = GPU.parents[2] / "deploy" / "prometheus" / "tests" / name
     assert made == shipped.read_text(encoding="utf-8")
+
+
+def test_a_server_command_is_plain_or_drafting_and_shares_kv_when_asked() -> None:
+    models = Models(Path("/m/t.gguf"), Path("/m/d.gguf"))
+    plain = command(Path("/b/llama-server"), models, 8080, Launch(), None)
+    assert "-md" not in plain and "--kv-unified" not in plain and "-ngl" in plain
+    spec = command(Path("/b/llama-server"), models, 8081, Launch(kv_unified=True), 3,
+                   (0.9, 0.8, 0.7, 0.6))  # fmt: skip
+    assert spec[spec.index("--spec-draft-n-max") + 1] == "3"
+    assert spec[spec.index("--spec-synth-rates") + 1] == "0.9,0.8,0.7"
+    assert "--kv-unified" in spec
