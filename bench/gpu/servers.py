@@ -31,6 +31,7 @@ class Launch:
     ctx: int = 32768
     gpu: bool = True
     kv_unified: bool = False
+    flash_attn: str = "on"
 
 
 @dataclass
@@ -74,7 +75,7 @@ def command(binary: Path, models: Models, port: int, launch: Launch, k: int | No
     args = [
         str(binary), "-m", str(models.target), "--alias", MODEL,
         "--host", "127.0.0.1", "--port", str(port), "--metrics", "--no-webui",
-        "-np", str(launch.parallel), "-c", str(launch.ctx), "-fa", "on",
+        "-np", str(launch.parallel), "-c", str(launch.ctx), "-fa", launch.flash_attn,
         "--chat-template", "chatml",
         # no host-RAM prompt cache: saving each finished request's KV (~55 MB) stalls the
         # server's loop for ~35 ms per request (seen: plain decode at c=4 a third of c=1's)

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from bench.gpu.rounds import Rate
+from exporter.engines.llamacpp import ENGINE
 from exporter.measure.scenarios import builtin
 from exporter.measure.stream_client import RequestFailed
 
@@ -99,7 +100,8 @@ async def phase(
             headers = {"X-Route": route.header} if proxied else None
             seen = _Stream()
             try:
-                await _stream(session, url, route.body(i, k), headers, seen)
+                body = {**route.body(i, k), **ENGINE.worker_fields(offset)}
+                await _stream(session, url, body, headers, seen)
             except asyncio.CancelledError:
                 seen.count_into(found[route.name], finished=False)
                 raise

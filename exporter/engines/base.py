@@ -119,6 +119,11 @@ class Engine:
         except BadSpecObject:
             return RequestFigures(None, reasons.UNKNOWN_SHAPE)
 
+    def worker_fields(self, worker: int) -> dict[str, Any]:
+        """Body members that keep a load generator's `worker` on one part of the engine from one
+        request to the next, where the part changes a step's cost; none here."""
+        return {}
+
     def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
         """A request's own draft and accepted tokens from its timings, where the engine sends
         them (llama.cpp); None elsewhere."""

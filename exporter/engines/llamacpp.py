@@ -25,6 +25,15 @@ class Llamacpp(Vllm):
     # streamed response, though its head says `Keep-Alive: timeout=5, max=100`
     keeps_chunked_connections = False
 
+    def worker_fields(self, worker: int) -> dict[str, Any]:
+        """Worker w in slot w (`id_slot`, wrapped by the server past its slots; a busy one waits).
+        With a KV stream per slot (llama-server's default with `-np` and no `--kv-unified`) a
+        batch is cut into one pass over the weights per run of consecutive busy slots
+        (`split_equal(..., sequential)` in llama-batch.cpp), so slots picked by prompt
+        similarity made a step's cost follow the server's history: at 4 requests up to 4 passes
+        (docs/BENCHMARKS.md §11). Pinned, the busy slots at concurrency c are 0..c-1: one pass."""
+        return {"id_slot": worker}
+
     def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
         """Its draft and accepted tokens, when they can be true: at most `draft_length` drafts
         per generated token, none accepted beyond them; a request that drafted nothing has no

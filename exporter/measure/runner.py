@@ -193,7 +193,8 @@ async def replay(
     url = f"{base_url}/v1/chat/completions"
     flag = plan.engine.request_flag
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
+        pinned = plan.engine.worker_fields(index)
         while queue:
             scenario, i = queue.pop(0)
             result = results[scenario.name]
@@ -202,6 +203,7 @@ async def replay(
                 "model": result.model,
                 "messages": scenario.messages(i),
                 "max_tokens": scenario.max_tokens,
+                **pinned,
             }
             if plan.temperature is not None:
                 body["temperature"] = plan.temperature
@@ -217,7 +219,7 @@ async def replay(
 
     for result in results.values():
         result.model = model
-    await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+    await asyncio.gather(*(worker(w) for w in range(plan.concurrency)))
     for name, result in results.items():
         if not result.requests:
             raise MeasureError(f"every request of {name} failed: {result.failures[0]}")
