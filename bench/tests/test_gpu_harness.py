@@ -157,6 +157,7 @@ def test_the_measure_pack_carries_each_routes_request_fields(tmp_path: Path) -> 
         "ignore_eos": True,
         "cache_prompt": False,
         "speculative.synth_rates": list(AGENT.rates),
+        "timings_per_token": True,
     }
     assert len(scenarios[0].prompts) == 3 and scenarios[0].max_tokens == VOICE.max_tokens
 
@@ -304,3 +305,20 @@ def test_a_server_command_is_plain_or_drafting_and_shares_kv_when_asked() -> Non
     assert spec[spec.index("--spec-draft-n-max") + 1] == "3"
     assert spec[spec.index("--spec-synth-rates") + 1] == "0.9,0.8,0.7"
     assert "--kv-unified" in spec
+
+
+def test_a_streams_decode_is_the_servers_token_count_not_its_events() -> None:
+    from bench.gpu.rounds import Rate
+    from bench.gpu.traffic import _Stream
+
+    seen = _Stream()
+    for n in (1, 2, 5, 9):  # tokens 3-4 and 6-8 sent no event (inside a character, held back)
+        seen.content({"choices": [{"delta": {"content": "x"}}], "timings": {"predicted_n": n}})
+    assert seen.events == 4 and seen.decoded == 8
+    bare = _Stream()
+    for _ in range(4):
+        bare.content({"choices": [{"delta": {"content": "x"}}]})
+    assert bare.decoded == 3  # without timings: one token an event
+    rate = Rate()
+    seen.count_into(rate, finished=True)
+    assert rate.tokens == 8
