@@ -188,6 +188,6 @@ def test_the_curve_replays_the_scenarios_together_in_their_mix() -> None:
 
 def test_a_llamacpp_load_generator_keeps_each_worker_in_its_own_slot() -> None:
     # a KV stream per slot cuts a batch at each gap between busy slots: workers pinned to
-    # slots 0..c-1 make one run of them (docs/BENCHMARKS.md §11, runs 5-9)
+    # slots 0..c-1 make one run of them (docs/BENCHMARKS.md §11, runs 5-10)
     assert engine("llamacpp").worker_fields(3) == {"id_slot": 3}
     assert engine("vllm").worker_fields(3) == {}
