@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from structlog.stdlib import BoundLogger
 
 from exporter import __version__, logs
-from exporter.config import Config, ConfigError, ModelConfig, ProxyConfig, redact
+from exporter.config import Config, ConfigError, ModelConfig, redact
 from exporter.core.faults import Faults
 from exporter.engines import DEFAULT, engine
 from exporter.engines.base import Engine
@@ -33,6 +33,7 @@ from exporter.export.target_collector import TargetCollector
 from exporter.process import graceful, return_freed_memory, run_until_stopped
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
+from exporter.proxy.settings import build as proxy_settings
 from exporter.scrape.target import Clock, Scraper, TargetState
 
 LANDING = """<!doctype html><html><head><title>specdec</title></head><body>
@@ -61,10 +62,9 @@ class Sidecar:
         if config.proxy is not None:
             models = {m.name: m for m in config.models}
             accounting = Accounting(config.proxy.route_names, config.windows, models)
-            self.proxy = Proxy(config.proxy, accounting, self.faults)
+            settings = proxy_settings(config.proxy, _proxied_engine(config))
+            self.proxy = Proxy(settings, accounting, self.faults)
         self.wiring = self._wire(config, {})
-        if self.proxy is not None:
-            self.proxy.engine = _engine(config.proxy, self.wiring.fronted)
         self._scrapers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.BaseRunner] = []
@@ -112,7 +112,7 @@ class Sidecar:
         registry.register(LifecycleCollector(self.reloads, self.faults))
         if self.proxy is not None:
             accounting = self.proxy.accounting
-            upstream = _engine(config.proxy, fronted)
+            upstream = _proxied_engine(config)
             register(RouteCollector(accounting, models, fronted, upstream, self.clock))
             register(ProxyCollector(self.proxy))
             register(RequestCollector(accounting, self.clock))
@@ -175,6 +175,9 @@ class Sidecar:
         if needs:
             raise NeedsRestart("\n".join(f"{n} needs a restart" for n in needs))
         wiring = self._wire(new, {state.target.name: state for state in self.targets})
+        settings = None
+        if self.proxy is not None and new.proxy is not None:  # built beside the running one
+            settings = proxy_settings(new.proxy, _proxied_engine(new), self.proxy.settings)
         # the swap: no await from here, so no scrape, request or /metrics sees half of it
         for task in self._scrapers.values():
             task.cancel()  # each loop goes on with its carried state, from a scrape now
@@ -182,11 +185,11 @@ class Sidecar:
         self.wiring = wiring
         for state in wiring.targets:
             self._scrape(state)
-        if self.proxy is not None and new.proxy is not None:
-            # the one live part: requests in flight hold the proxy and its accounting
+        if self.proxy is not None and new.proxy is not None and settings is not None:
+            # the accounting is history (carried); the rest is one pointer, which requests in
+            # flight hold their own of
             self.proxy.accounting.reconfigure(new.proxy.route_names, new.windows, wiring.models)
-            self.proxy.reconfigure(new.proxy)
-            self.proxy.engine = _engine(new.proxy, wiring.fronted)
+            self.proxy.swap(settings)
 
     def _scrape(self, state: TargetState) -> None:
         """(Re)start the scrape loop of `state`."""
@@ -333,9 +336,14 @@ class Wiring:
     registry: CollectorRegistry
 
 
-def _engine(proxy: ProxyConfig | None, fronted: TargetState | None) -> Engine:
+def _proxied_engine(config: Config) -> Engine:
     """The proxied engine's kind (`proxy.engine`, else the fronted target's), which decides
     what the proxy asks it for: vLLM's usage, SGLang's spec details, nothing of llama.cpp."""
+    proxy = config.proxy
     if proxy is not None and proxy.engine is not None:
         return engine(proxy.engine)
-    return DEFAULT if fronted is None else fronted.engine
+    name = None if proxy is None else proxy.target
+    if name is None and len(config.targets) == 1:
+        name = config.targets[0].name
+    fronted = next((t for t in config.targets if t.name == name), None)
+    return DEFAULT if fronted is None else engine(fronted.engine)

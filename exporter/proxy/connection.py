@@ -38,6 +38,9 @@ class Call(Protocol):
 
 
 class Server(Protocol):
+    def limits(self) -> Limits:
+        """What the next request on a connection is held to (a reload may change it)."""
+
     def begin(
         self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
     ) -> Call | None:
@@ -61,24 +64,31 @@ class Deadlines:
     idle: float = 75.0  # no request under way, nothing read
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a connection holds a request to, taken from the server at the accept and again
+    after each response: a reload reaches an open keep-alive connection at its next request."""
+
+    max_body: int
+    deadlines: Deadlines
+
+
 class ClientConnection(asyncio.Protocol):
     """Reads requests, hands them to the server in order, one at a time."""
 
     def __init__(
         self,
         server: Server,
-        max_body: int,
         closed: Callable[[ClientConnection], None],
         *,
-        deadlines: Deadlines = Deadlines(),
         budget: Budget | None = None,
         over_limit: bool = False,
     ) -> None:
         self.server = server
         self._closed = closed
-        self.deadlines = deadlines
+        self.limits = server.limits()
         self.over_limit = over_limit  # every request on it is shed (503), then it closes
-        self.reader = RequestReader(max_body, budget)
+        self.reader = RequestReader(self.limits.max_body, budget)
         self.writer = ResponseWriter(self._ended)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -120,7 +130,9 @@ class ClientConnection(asyncio.Protocol):
         self._transport.set_write_buffer_limits(high=HIGH_WATER)
         self.writer.transport = self._transport
         self._head_since = self._last  # the first request's head is due from the connect on
-        self._timer = self._loop.call_at(self._last + self.deadlines.head, self._check_deadlines)
+        self._timer = self._loop.call_at(
+            self._last + self.limits.deadlines.head, self._check_deadlines
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -133,7 +145,7 @@ class ClientConnection(asyncio.Protocol):
             self._head_since = None
         elif self._head_since is None:
             self._head_since = now
-            self._arm(now + self.deadlines.head)
+            self._arm(now + self.limits.deadlines.head)
         if not reader.body_pending:
             if self._body_since is not None:
                 self._body_since = None
@@ -142,7 +154,7 @@ class ClientConnection(asyncio.Protocol):
             self._body_last = now
             if self._body_since is None:
                 self._body_since = now
-                self._arm(now + self.deadlines.body)
+                self._arm(now + self.limits.deadlines.body)
                 reader.budget.uploads.add(self)  # it may give its hold back when it stalls
         self._next()
 
@@ -165,7 +177,7 @@ class ClientConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.writer.paused = True
         self._stalled_since = now = self._loop.time()
-        self._arm(now + self.deadlines.write)
+        self._arm(now + self.limits.deadlines.write)
 
     def resume_writing(self) -> None:
         self.writer.drained()
@@ -217,8 +229,10 @@ class ClientConnection(asyncio.Protocol):
         """The writer ended a response: on to the next request, or close."""
         self._busy = False
         self._call = None
+        self.limits = self.server.limits()  # the next request's, after a reload the new ones
+        self.reader.max_body = self.limits.max_body
         self._last = self._loop.time()
-        self._arm(self._last + self.deadlines.idle)
+        self._arm(self._last + self.limits.deadlines.idle)
         if not complete:
             return  # aborted: the transport is going
         if self.writer.close_after or self.reader.upgraded:
@@ -247,7 +261,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _check_deadlines(self) -> None:
         """One timer per connection, re-armed lazily: reads and requests only stamp the time."""
-        now, transport, limits = self._loop.time(), self._transport, self.deadlines
+        now, transport, limits = self._loop.time(), self._transport, self.limits.deadlines
         if transport is None:
             return
         if self._stalled_since is not None and now >= self._stalled_since + limits.write:

@@ -25,24 +25,23 @@ import time
 from dataclasses import dataclass
 
 from exporter import logs
-from exporter.config import ProxyConfig
 from exporter.core import reasons
 from exporter.core.faults import Faults
-from exporter.engines import DEFAULT
 from exporter.engines.base import Engine
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
-from exporter.proxy.connection import ClientConnection, Deadlines
+from exporter.proxy.connection import ClientConnection, Limits
 from exporter.proxy.listener import Listener
 from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Ending, Relay, Watch
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.responses import end_to_end, error_response, release, request_json
-from exporter.proxy.routes import Router, normalized
+from exporter.proxy.routes import normalized
+from exporter.proxy.settings import Settings
 from exporter.proxy.stats import ProxyStats
-from exporter.proxy.upstream import Body, Upstream
+from exporter.proxy.upstream import Body
 from exporter.proxy.writer import ResponseWriter
 
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
@@ -64,25 +63,22 @@ class _Plan:
 class Proxy:
     """The `Server` behind every client connection: route, forward, account."""
 
-    def __init__(self, config: ProxyConfig, accounting: Accounting, faults: Faults) -> None:
-        self.config = config
+    def __init__(self, settings: Settings, accounting: Accounting, faults: Faults) -> None:
+        self.settings = settings  # swapped whole by a reload (`swap`); read once per request
         self.accounting = accounting
         self.faults = faults
-        self.router = Router(config)
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
-        self.engine: Engine = DEFAULT  # the upstream's kind (set by the sidecar): what to ask
-        # it for, how its connections behave
         self.stats = ProxyStats()
-        self.budget = Budget(config.max_buffered_bytes, _reserve(config))
+        # the one account of bytes held, across reloads: its limits are the settings'
+        self.budget = Budget(settings.config.max_buffered_bytes, settings.reserve)
         self.draining = False
-        self.upstream = Upstream(config.upstream, config.connect_timeout, config.read_timeout)
         self._listener = Listener(self.accept, self._out_of_descriptors, self.log)
         self._clients: set[ClientConnection] = set()
         self._drained = asyncio.Event()
 
     async def start(self) -> None:
-        host, port = self.config.listen
+        host, port = self.settings.config.listen
         self._listener.start(host, port, backlog=1024)
 
     async def drain(self, grace: float) -> None:
@@ -106,45 +102,36 @@ class Proxy:
         self._listener.close()
         for client in list(self._clients):
             client.close()
-        self.upstream.close()
+        self.settings.upstream.close()
 
     @property
     def client_connections(self) -> int:
         return len(self._clients)
 
-    def reconfigure(self, config: ProxyConfig) -> None:
-        """A reloaded config: new requests take the new routes, limits and timeouts; requests
-        in flight finish as they began. A new upstream or its timeouts: a new pool, the old
-        one retired (its connections close as their requests end)."""
-        upstream = (config.upstream, config.connect_timeout, config.read_timeout)
-        self.budget.limit = config.max_buffered_bytes  # what is held now stays held
-        self.budget.reserve = _reserve(config)
-        if upstream != (
-            self.config.upstream,
-            self.config.connect_timeout,
-            self.config.read_timeout,
-        ):
-            self.upstream.retire()
-            self.upstream = Upstream(*upstream)
-        self.config = config
-        self.router = Router(config)
+    def swap(self, settings: Settings) -> None:
+        """A reload: new connections and requests take `settings`; those under way keep
+        theirs. A pool left behind is retired (its connections close as their requests end)."""
+        old, self.settings = self.settings, settings
+        if settings.upstream is not old.upstream:
+            old.upstream.retire()
+        self.budget.limit, self.budget.reserve = (
+            settings.config.max_buffered_bytes,
+            settings.reserve,
+        )
+
+    def limits(self) -> Limits:
+        """What a connection holds its next request to (the settings' now)."""
+        settings = self.settings
+        return Limits(settings.config.max_body_bytes, settings.deadlines)
 
     def accept(self) -> ClientConnection:
         """The protocol of one accepted connection (one accepted while draining is answered
         once, then closed)."""
-        config = self.config
         client = ClientConnection(
             self,
-            config.max_body_bytes,
             self._closed,
-            deadlines=Deadlines(
-                config.header_timeout,
-                config.body_timeout,
-                config.write_timeout,
-                config.idle_timeout,
-            ),
             budget=self.budget,
-            over_limit=len(self._clients) >= config.max_connections,
+            over_limit=len(self._clients) >= self.settings.config.max_connections,
         )
         self._clients.add(client)
         if self.draining:
@@ -175,6 +162,7 @@ class Proxy:
     ) -> Relay | None:
         """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
+        settings = self.settings  # this request's, to its end whatever a reload swaps in
         method, target, hold = request.method, request.target, request.hold
         if method == "CONNECT" or not target.startswith("/"):
             # never an open proxy: these never reach routing
@@ -186,23 +174,23 @@ class Proxy:
             )
             release(hold)
             return None
-        if over_limit or self.stats.in_flight >= self.config.max_in_flight:
+        if over_limit or self.stats.in_flight >= settings.config.max_in_flight:
             self._shed(writer, "connections" if over_limit else "in_flight")
             release(hold)
             return None
         try:
-            plan = self._plan(request, body, started)
+            plan = self._plan(settings, request, body, started)
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
-            plan = _Plan(target, body, Watch(self.config.default_route, started, None))
-        upstream, fields, engine = self.upstream, end_to_end(request.fields), self.engine
+            plan = _Plan(target, body, Watch(settings.config.default_route, started, None))
+        upstream, fields, engine = settings.upstream, end_to_end(request.fields), settings.engine
         self.stats.in_flight += 1
         return Relay(
             writer,
             method,
             hold,
             plan.watch,
-            max_body_bytes=self.config.max_body_bytes,
+            max_body_bytes=settings.config.max_body_bytes,
             budget=self.budget,
             stats=self.stats,
             faults=self.faults,
@@ -215,16 +203,18 @@ class Proxy:
                 receiver,
                 keeps_chunked=engine.keeps_chunked_connections,
             ),
-            ended=self._ended,
+            ended=lambda ending: self._ended(ending, engine),
         )
 
-    def _plan(self, request: ClientRequest, body: bytes, started: float) -> _Plan:
+    def _plan(
+        self, settings: Settings, request: ClientRequest, body: bytes, started: float
+    ) -> _Plan:
         method, target, path = request.method, request.target, request.path
         parsed, unreadable = request_json(body) if method == "POST" else (None, None)
         # routed and accounted as the upstream reads the path (escapes, dot segments, `//`):
         # a spelling of an accounted endpoint is never relayed unaccounted
         seen = normalized(path)
-        match = self.router.match(seen, request.headers, parsed)
+        match = settings.router.match(seen, request.headers, parsed)
         if match.path != seen:  # a path_prefix removed: the rest of the target (a query) stays
             target = match.path + target[len(path) :]
         unwatched = Watch(match.route, started, None)
@@ -233,7 +223,7 @@ class Proxy:
         if parsed is None:  # relayed untouched, unaccounted: the client's doing
             self.stats.unreadable[unreadable or "not_an_object"] += 1
             return _Plan(target, body, unwatched)
-        asked = ask(parsed, body, self.engine, self.objects_missing)
+        asked = ask(parsed, body, settings.engine, self.objects_missing)
         single = (parsed.get("n") or 1) == 1
         watch = Watch(
             match.route, started, single, asked.strip, COMPLETIONS[match.path], asked.strip_spec
@@ -257,8 +247,9 @@ class Proxy:
             retry_after=1,
         )
 
-    def _ended(self, ending: Ending) -> None:
-        """A relay's one report: out of flight, and accounted when it was watched."""
+    def _ended(self, ending: Ending, engine: Engine) -> None:
+        """A relay's one report: out of flight, and accounted (as `engine`, the one its
+        request began with) when it was watched."""
         self.stats.in_flight -= 1
         watch = ending.watch
         if watch is None or watch.single is None:
@@ -272,16 +263,10 @@ class Proxy:
                 ending.status,
                 ending.tap,
                 ending.doc,
-                self.engine,
+                engine,
             )
             if ending.status == "200" and ending.doc and watch.single:  # never for n > 1
                 self.objects_missing = outcome.without_exact in reasons.NO_OBJECT
             self.accounting.record(outcome)
         except Exception as exc:
             self.faults.record("accounting", exc)
-
-
-def _reserve(config: ProxyConfig) -> int:
-    """The budget kept for ordinary requests whatever large uploads hold: an eighth, as long
-    as one max_body_bytes body still fits beside it."""
-    return min(config.max_buffered_bytes // 8, config.max_buffered_bytes - config.max_body_bytes)

@@ -64,7 +64,7 @@ async def test_every_engine_meets_the_scrape_and_proxy_contracts(kind: str) -> N
             return (found, exact) if ok else None
 
         _, exact = await eventually(settled, timeout=45)
-        assert side.proxy is not None and side.proxy.engine is engine
+        assert side.proxy is not None and side.proxy.settings.engine is engine
         assert sum(side.proxy.accounting.requests.values()) == 200
     for route, profile in PROFILE.items():
         for role in engine.exact_per_request:

@@ -78,7 +78,8 @@ async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
     assert routes["voice_chat"] == real["ja_chat"] and routes["coding_agent"] == real["code_agent"]
     both = routes["voice_chat"] + routes["coding_agent"]
     assert both.drafts == verify > 1000
-    assert side.proxy is not None and side.proxy.engine.kind == "sglang"  # from the target's kind
+    # the proxied engine is the target's kind
+    assert side.proxy is not None and side.proxy.settings.engine.kind == "sglang"
     assert sum(side.proxy.accounting.requests.values()) == 200
     # the sidecar's view of SGLang's own counters: steps and tokens, no token counts it lacks
     assert value(sidecar_page, "specdec_engine_generation_tokens_total") == generated

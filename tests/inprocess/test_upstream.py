@@ -115,8 +115,8 @@ async def test_a_slow_client_pauses_upstream_reads_and_loses_nothing() -> None:
         sidecar(url) as (side, proxy, _),
         aiohttp.ClientSession() as session,
     ):
-        assert side.proxy is not None and side.proxy.upstream is not None
-        pool = side.proxy.upstream
+        assert side.proxy is not None
+        pool = side.proxy.settings.upstream
         async with session.get(proxy + "/bulk") as resp:
             assert resp.status == 200
 
