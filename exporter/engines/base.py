@@ -119,6 +119,37 @@ class Engine:
         except BadSpecObject:
             return RequestFigures(None, reasons.UNKNOWN_SHAPE)
 
+    def details_event(self, event: bytes) -> bool:
+        """A stream event of its own carrying the request's figures (SGLang's `sglext` event,
+        between the finish and the usage events); none here."""
+        return False
+
+    def event_details(self, doc: Mapping[str, Any] | None) -> object:
+        """The figures such an event carries (decoded), or None."""
+        return None
+
+    def without_asked(self, data: bytes) -> bytes:
+        """A whole response, or one stream event, without the figures the proxy asked for
+        beyond the client's request where they ride in the body (SGLang's details; vLLM's
+        usage is the stream tap's); b"" for an event left with nothing. Unchanged here."""
+        return data
+
+    def reads_finish_event(self, event: bytes) -> bool:
+        """The stream's finish event carries the request's own figures (llama.cpp's
+        `timings`): decode it."""
+        return False
+
+    def finish_timings(self, doc: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The figures on a decoded finish event (see `timings`)."""
+        return None
+
+    def timings(
+        self, doc: Mapping[str, Any], streamed: Mapping[str, Any] | None
+    ) -> tuple[Mapping[str, Any], int]:
+        """A finished request's own timings (from its stream's finish event, else its
+        response) and the tokens they say it generated; ({}, 0) where it sends none."""
+        return {}, 0
+
     def worker_fields(self, worker: int) -> dict[str, Any]:
         """Body members that keep a load generator's `worker` on one part of the engine from one
         request to the next, where the part changes a step's cost; none here."""

@@ -34,6 +34,23 @@ class Llamacpp(Vllm):
         (docs/BENCHMARKS.md §11). Pinned, the busy slots at concurrency c are 0..c-1: one pass."""
         return {"id_slot": worker}
 
+    def reads_finish_event(self, event: bytes) -> bool:
+        return b'"timings":{' in event
+
+    def finish_timings(self, doc: Mapping[str, Any]) -> dict[str, Any] | None:
+        found = doc.get("timings")
+        return found if isinstance(found, dict) else None
+
+    def timings(
+        self, doc: Mapping[str, Any], streamed: Mapping[str, Any] | None
+    ) -> tuple[Mapping[str, Any], int]:
+        """On the finish event, or on the usage event when the stream asked for usage."""
+        found = streamed or doc.get("timings")
+        if not isinstance(found, Mapping):
+            return {}, 0
+        predicted = found.get("predicted_n")
+        return found, predicted if type(predicted) is int and predicted >= 0 else 0
+
     def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
         """Its draft and accepted tokens, when they can be true: at most `draft_length` drafts
         per generated token, none accepted beyond them; a request that drafted nothing has no

@@ -13,6 +13,14 @@ read. `spec_num_proposed_drafts` is SGLang's verify steps x (speculative_num_dra
 `spec_correct_drafts_histogram[j]` the verify steps that accepted exactly j drafts (the bonus
 token excluded; it grows to the largest j seen), so per position i the steps that accepted more
 than i drafts are its tail sums, as for vLLM's histogram.
+
+Removing them again, where the proxy asked and the client did not: they come at the root of a
+whole response (absent, never null, without the flag), and in a stream as their own chunk
+(`"choices":[]`, `"usage":null`, `"sglext":{...}`) after the finish chunks and before the usage
+chunk. `sglext` drops its None members, and SGLang writes compact JSON with `sglext` as the
+last key, so removing them is a cut of bytes: the `spec_tokens_details` member, or the whole
+`sglext` (the whole chunk in a stream) when it was its only member. Nothing is re-encoded, so
+the client gets SGLang's own bytes.
 """
 
 from __future__ import annotations
@@ -96,6 +104,57 @@ def _one(item: object) -> Counts:
     return Counts(float(steps), float(tokens), float(accepted), per_position)
 
 
+_MEMBER = b'"spec_tokens_details":'
+_SGLEXT = b'"sglext":{'
+
+
+def without_details(data: bytes) -> bytes:
+    """`data` (a whole response, or one stream event) as SGLang sends it without the flag:
+    the `spec_tokens_details` member cut out of the root's `sglext`, or `sglext` itself when
+    nothing else is in it; a stream event left with nothing of its own goes (b""). Anything
+    not of SGLang's shape passes unchanged."""
+    start = data.rfind(_SGLEXT)
+    member = data.find(_MEMBER, start) if start != -1 else -1
+    end = _value_end(data, member + len(_MEMBER)) if member != -1 else -1
+    if end == -1:
+        return data
+    inner_open, inner_close = start + len(_SGLEXT), _value_end(data, start + len(_SGLEXT) - 1)
+    if inner_close == -1:
+        return data
+    if member == inner_open and end == inner_close - 1:  # the only member: sglext goes
+        if data.startswith(b"data: ") and data[inner_close : inner_close + 1] == b"}":
+            head = data[:start].rstrip(b",")
+            if head.endswith(b'"choices":[],"usage":null'):
+                return b""  # the chunk only carried what the proxy asked for
+        comma = start - 1 if data[start - 1 : start] == b"," else start
+        return data[:comma] + data[inner_close:]
+    if data[end : end + 1] == b",":  # a member follows: take the comma after it
+        return data[:member] + data[end + 1 :]
+    return data[: member - 1] + data[end:]  # the last member: take the comma before it
+
+
+def _value_end(data: bytes, at: int) -> int:
+    """The index just past the JSON object or array that starts at `at`, or -1 (strings are
+    skipped whole, escapes included)."""
+    if at >= len(data) or data[at] not in b"[{":
+        return -1
+    depth, i = 0, at
+    while i < len(data):
+        byte = data[i]
+        if byte == 0x22:  # '"': to the closing quote that no backslash escapes
+            i += 1
+            while i < len(data) and data[i] != 0x22:
+                i += 2 if data[i] == 0x5C else 1
+        elif byte in b"[{":
+            depth += 1
+        elif byte in b"]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
 class Sglang(Engine):
     kind = "sglang"
     prefix = "sglang:"
@@ -139,6 +198,15 @@ class Sglang(Engine):
             return RequestFigures(counts(spec), None, choices)
         except BadSpecObject:
             return RequestFigures(None, reasons.UNKNOWN_SHAPE, choices)
+
+    def details_event(self, event: bytes) -> bool:
+        return b'"choices":[]' in event and _SGLEXT in event and b'"usage":null' in event
+
+    def event_details(self, doc: Mapping[str, Any] | None) -> object:
+        return details(doc)
+
+    def without_asked(self, data: bytes) -> bytes:
+        return without_details(data)
 
     def stream_counts(self, events: Sequence[Mapping[str, Any]]) -> Counts | None:
         """Its details ride on an event of their own (`choices: []`), before the usage event."""

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from exporter import logs
 from exporter.core import reasons
 from exporter.core.faults import Faults
-from exporter.engines.base import Engine
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
@@ -182,7 +181,9 @@ class Proxy:
             plan = self._plan(settings, request, body, started)
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
-            plan = _Plan(target, body, Watch(settings.config.default_route, started, None))
+            plan = _Plan(
+                target, body, Watch(settings.config.default_route, started, settings.engine, None)
+            )
         upstream, fields, engine = settings.upstream, end_to_end(request.fields), settings.engine
         self.stats.in_flight += 1
         return Relay(
@@ -203,7 +204,7 @@ class Proxy:
                 receiver,
                 keeps_chunked=engine.keeps_chunked_connections,
             ),
-            ended=lambda ending: self._ended(ending, engine),
+            ended=self._ended,
         )
 
     def _plan(
@@ -217,7 +218,7 @@ class Proxy:
         match = settings.router.match(seen, request.headers, parsed)
         if match.path != seen:  # a path_prefix removed: the rest of the target (a query) stays
             target = match.path + target[len(path) :]
-        unwatched = Watch(match.route, started, None)
+        unwatched = Watch(match.route, started, settings.engine, None)
         if method != "POST" or match.path not in COMPLETIONS:
             return _Plan(target, body, unwatched)
         if parsed is None:  # relayed untouched, unaccounted: the client's doing
@@ -226,7 +227,13 @@ class Proxy:
         asked = ask(parsed, body, settings.engine, self.objects_missing)
         single = (parsed.get("n") or 1) == 1
         watch = Watch(
-            match.route, started, single, asked.strip, COMPLETIONS[match.path], asked.strip_spec
+            match.route,
+            started,
+            settings.engine,
+            single,
+            asked.strip,
+            COMPLETIONS[match.path],
+            asked.strip_spec,
         )
         return _Plan(target, asked.body, watch)
 
@@ -247,9 +254,9 @@ class Proxy:
             retry_after=1,
         )
 
-    def _ended(self, ending: Ending, engine: Engine) -> None:
-        """A relay's one report: out of flight, and accounted (as `engine`, the one its
-        request began with) when it was watched."""
+    def _ended(self, ending: Ending) -> None:
+        """A relay's one report: out of flight, and accounted (read as the engine its request
+        began with) when it was watched."""
         self.stats.in_flight -= 1
         watch = ending.watch
         if watch is None or watch.single is None:
@@ -263,7 +270,7 @@ class Proxy:
                 ending.status,
                 ending.tap,
                 ending.doc,
-                engine,
+                watch.engine,
             )
             if ending.status == "200" and ending.doc and watch.single:  # never for n > 1
                 self.objects_missing = outcome.without_exact in reasons.NO_OBJECT

@@ -32,11 +32,9 @@ def request_outcome(
     doc = doc or {}
     usage = doc.get("usage")
     usage = usage if isinstance(usage, dict) else {}
-    # llama.cpp: on the finish event, or on the usage event when the stream asked for usage
-    timings = (tap.timings if tap is not None else None) or doc.get("timings")
-    timings = timings if isinstance(timings, dict) else {}
+    timings, predicted = engine.timings(doc, tap.timings if tap is not None else None)
     model = acc.label_model(_model(doc, tap) if status == "200" else None)
-    tokens = _count(usage.get("completion_tokens")) or _count(timings.get("predicted_n"))
+    tokens = _count(usage.get("completion_tokens")) or predicted
     exact = without = drafted = None
     choices = 1
     if status == "200" and unread:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.faults import Faults
-from exporter.proxy import sglext
+from exporter.engines.base import Engine
 from exporter.proxy.budget import Budget, Hold
 from exporter.proxy.framing import Head
 from exporter.proxy.responses import end_to_end, error_response, release, request_json
@@ -26,10 +26,11 @@ class Watch:
 
     route: str
     started: float
+    engine: Engine  # the request's upstream kind: what it sends, how it is read
     single: bool | None  # None: not accounted
     strip: tuple[bool, bool] | None = None  # a streamed completion: usage members to remove
     content_key: bytes = b""
-    strip_spec: bool = False  # SGLang: the proxy asked for spec_tokens_details, the client did not
+    strip_spec: bool = False  # the proxy asked for figures in the body the client did not
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,8 @@ class Relay:
         self.writer = writer
         self.method = method
         self._watch = watch if watch is not None and watch.single is not None else None
-        self.strip_spec = watch is not None and watch.strip_spec
+        # the response without what the proxy asked for (the client did not)
+        self.without_asked = watch.engine.without_asked if watch and watch.strip_spec else None
         self._max_body_bytes = max_body_bytes
         self._budget = budget
         self._stats = stats
@@ -86,6 +88,7 @@ class Relay:
             self.tap = StreamTap(
                 *watch.strip,
                 strip_spec_details=watch.strip_spec,
+                engine=watch.engine,
                 content_key=watch.content_key,
                 on_fault=self.tap_fault,
                 budget=budget,
@@ -101,7 +104,7 @@ class Relay:
         length = head.get("Content-Length")
         if self.method == "HEAD" or head.status in (204, 304):
             self._whole = []
-        elif length is not None and (self._watch is not None or self.strip_spec):
+        elif length is not None and (self._watch is not None or self.without_asked is not None):
             size = int(length)
             if size <= self._max_body_bytes:
                 self._hold = self._budget.hold(size)
@@ -134,7 +137,7 @@ class Relay:
             length = head.get("Content-Length")
             if self.method == "HEAD" and length is not None:  # what a GET would have sent
                 headers.append(("Content-Length", length))
-            out = sglext.without_details(body) if self.strip_spec else body
+            out = self.without_asked(body) if self.without_asked is not None else body
             self.writer.respond(
                 head.status, head.reason, headers, out, head_only=self.method == "HEAD"
             )

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.engines import sglang
-from exporter.proxy import sglext
+from exporter.engines import DEFAULT
+from exporter.engines.base import Engine
 from exporter.proxy.budget import Budget, Hold
 
 FREE_PENDING = 4096  # bytes of a partial event held without the budget (per stream)
@@ -45,14 +45,15 @@ _FINISH = b'"finish_reason":"'
 class StreamTap:
     strip_usage_event: bool = False  # the proxy added include_usage
     strip_usage_fields: bool = False  # the proxy added continuous_usage_stats
-    strip_spec_details: bool = False  # the proxy added SGLang's return_spec_tokens_details
+    strip_spec_details: bool = False  # the proxy asked for figures that ride in the body
+    engine: Engine = DEFAULT  # the upstream's kind: which events carry its figures
     content_key: bytes = b'"content":"'  # b'"text":"' for /v1/completions
     first_content_at: float | None = None
     last_content_at: float | None = None
     usage: dict[str, Any] | None = None  # the final usage event, decoded
-    timings: dict[str, Any] | None = None  # llama.cpp's, from the finish event
+    timings: dict[str, Any] | None = None  # the finish event's own figures (llama.cpp's)
     model: object = None  # the finish event's `model`, when it was decoded for its timings
-    spec_details: object = None  # SGLang's sglext.spec_tokens_details, from its own event
+    spec_details: object = None  # the figures of the engine's own event (SGLang's details)
     finish_reason: str | None = None  # the first one the stream carried
     increments: list[int] = field(default_factory=list)  # tokens per content event
     on_fault: Callable[[BaseException], None] | None = None  # an observation raised
@@ -154,10 +155,10 @@ class StreamTap:
         at = event.find(self.content_key)
         if at != -1 and event[at + len(self.content_key)] != 0x22:  # '"': not an empty string
             self._observe(self._content)
-        elif b'"choices":[]' in event and b'"sglext":{' in event and b'"usage":null' in event:
-            doc = _decode(event)  # SGLang's details, in their own event before the usage event
+        elif self.engine.details_event(event):
+            doc = _decode(event)  # the engine's figures, in their own event before the usage
             self._observe(lambda: self._spec_details(doc))
-            out = sglext.without_details(event) if self.strip_spec_details else event
+            out = self.engine.without_asked(event) if self.strip_spec_details else event
             held, self._held = self._held, []
             return b"".join(held) + out
         elif b'"choices":[]' in event and b'"usage"' in event:
@@ -203,16 +204,15 @@ class StreamTap:
         self.usage = usage
 
     def _spec_details(self, doc: dict[str, Any] | None) -> None:
-        found = sglang.details(doc)
-        if found is not None:  # an `event: sglext_ids` frame after it carries ids only
+        found = self.engine.event_details(doc)
+        if found is not None:  # a frame after it may carry other things only (SGLang's ids)
             self.spec_details = found
 
     def _finish(self, event: bytes, begin: int) -> None:
         self.finish_reason = event[begin : event.find(b'"', begin)].decode("latin-1")
-        if b'"timings":{' in event:  # llama.cpp: the request's draft counts ride on it
+        if self.engine.reads_finish_event(event):  # the request's own figures ride on it
             doc = _decode(event) or {}
-            timings = doc.get("timings")
-            self.timings = timings if isinstance(timings, dict) else None
+            self.timings = self.engine.finish_timings(doc)
             self.model = doc.get("model")  # no usage event follows: the model is here
 
     def _content(self) -> None:

@@ -1,6 +1,7 @@
 """The engines layer: every engine in the registry goes through the same scrape and proxy
-contracts, and no module outside `exporter/engines/` names an engine or one of its metrics in
-a string literal (the simulator, which plays the engines rather than reads them, aside)."""
+contracts, and no module outside `exporter/engines/` names an engine, one of its metrics or one
+of its own wire members in a string literal (the simulator, which plays the engines rather than
+reads them, aside)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from exporter.engines import KINDS, engine
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYS_ENGINES = ("exporter/engines/", "exporter/sim/")
+# members only one engine sends or reads: SGLang's details, llama.cpp's timings and slots
+WIRE = ("sglext", "spec_tokens_details", "timings", "predicted_n", "draft_n", "id_slot")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -35,11 +38,13 @@ def names_tested(path: Path, root: Path = ROOT) -> list[str]:
     prefixes = tuple(engine(kind).prefix for kind in KINDS)
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, (str, bytes)):
             continue
         if id(node) in prose:
             continue
-        if node.value in KINDS or node.value.startswith(prefixes):
+        value = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+        wire = any(value == key or f'"{key}"' in value for key in WIRE)
+        if value in KINDS or value.startswith(prefixes) or wire:
             found.append(f"{path.relative_to(root)}:{node.lineno}")
     return sorted(found)
 
@@ -61,6 +66,8 @@ def test_no_module_outside_the_engines_names_an_engine() -> None:
         'RUNNING = "vllm:num_requests_running"\n',
         'DEFAULTS = {"llamacpp": 1}\n',
         'def f() -> str:\n    """Docs may say vllm."""\n    return "trtllm_spec_decode"\n',
+        'def f(doc: dict) -> object:\n    return doc.get("timings")\n',
+        "SGLEXT = b'\"sglext\":{'\n",
     ],
 )
 def test_a_planted_engine_literal_is_found(tmp_path: Path, line: str) -> None:

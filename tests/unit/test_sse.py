@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter.engines import engine
 from exporter.proxy.sse import StreamTap
 
 FINGERPRINT = "fp-1"
@@ -133,9 +134,11 @@ def test_a_held_finish_event_keeps_its_place_when_no_usage_event_follows(cuts: l
 def test_llama_cpp_timings_are_read_from_the_finish_event_and_passed_on() -> None:
     timings = {"predicted_n": 4, "draft_n": 6, "draft_n_accepted": 3}
     stream = b"".join([*CHAT[:-1], chat({}, finish="stop", timings=timings), DONE])
-    tap = StreamTap()
+    tap = StreamTap(engine=engine("llamacpp"))
     assert feed(tap, stream, [7, 300]) == stream
     assert tap.timings == timings and tap.finish_reason == "stop"
+    vllm = StreamTap()  # an engine that sends no timings: its finish event is not decoded
+    assert feed(vllm, stream, [7, 300]) == stream and vllm.timings is None
 
 
 SGLANG = json.loads(
@@ -164,7 +167,7 @@ def test_sglang_details_and_usage_the_proxy_asked_for_are_removed(cuts: list[int
     """SGLang's own bytes (serialized by its 0.5.23 classes), at any read boundaries: what the
     proxy added goes, the details are read, the ids frame passes as SGLang sent it."""
     stream = b"".join([SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_DETAILS, SGL_IDS, SGL_USAGE, DONE])
-    tap = StreamTap(strip_usage_event=True, strip_spec_details=True)
+    tap = StreamTap(strip_usage_event=True, strip_spec_details=True, engine=engine("sglang"))
     assert feed(tap, stream, cuts) == b"".join([SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_IDS, DONE])
     assert isinstance(tap.spec_details, dict) and tap.spec_details["spec_verify_ct"] == 7
     assert tap.usage is not None and tap.usage["usage"]["completion_tokens"] == 20
@@ -172,7 +175,7 @@ def test_sglang_details_and_usage_the_proxy_asked_for_are_removed(cuts: list[int
 
 def test_sglang_details_the_client_asked_for_pass_unchanged() -> None:
     stream = b"".join([SGL_FIRST, SGL_TOKEN, SGL_FINISH, SGL_DETAILS, SGL_USAGE, DONE])
-    tap = StreamTap(strip_usage_event=False, strip_spec_details=False)
+    tap = StreamTap(strip_usage_event=False, strip_spec_details=False, engine=engine("sglang"))
     assert feed(tap, stream, []) == stream
     assert isinstance(tap.spec_details, dict)
 

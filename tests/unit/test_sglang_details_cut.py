@@ -11,7 +11,6 @@ import pytest
 
 from exporter.core.counts import BadSpecObject, Counts
 from exporter.engines import sglang
-from exporter.proxy import sglext
 
 WIRE = json.loads(
     (Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23-wire.json").read_text("utf-8")
@@ -22,7 +21,7 @@ DETAILS = json.loads(WIRE["chat sglext chunk"].removeprefix("data: "))["sglext"]
 
 
 def cut(name: str) -> bytes:
-    return sglext.without_details(WIRE[name].encode())
+    return sglang.without_details(WIRE[name].encode())
 
 
 def test_a_chunk_that_only_carried_the_details_goes_whole() -> None:
