@@ -30,8 +30,9 @@ from typing import Any
 
 import yaml
 
+from dashboards.rules import RULES_DIR  # the one place the rule files live
+
 ROOT = Path(__file__).resolve().parent.parent
-RULES_DIR = Path("deploy/prometheus/rules")
 DASHBOARDS_DIR = Path("dashboards")
 K8S_DIR = Path("deploy/k8s")
 RULE_FILE = K8S_DIR / "prometheusrule.yaml"

@@ -151,7 +151,7 @@ def route_line(acc: Accounting, route: str, now: float, running: float | None = 
     decoded = mine(acc.decoded(window, now, partial=True))
     every, exact = decoded[0] if decoded else (Decode(), Decode())
     rate = f"{every.rate:6.1f}" if every.rate else "     -"
-    config = acc.model_configs.get(MODEL)
+    config = acc.models.get(MODEL)
     curve = None if config is None else config.curve
     payoff = Speedups.at_load(curve, running, r.mean_acceptance_length, every, exact)
     note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"

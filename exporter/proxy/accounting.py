@@ -102,9 +102,9 @@ class Accounting:
         max_models: int = 16,
     ) -> None:
         self.routes = tuple(routes)
-        self.model_configs = models
+        self.models = models
         self.max_models = max_models
-        self.models: set[str] = set()
+        self.model_names: set[str] = set()
         self.exact: dict[RouteKey, Counts] = {}
         self.estimated: dict[RouteKey, Counts] = {}
         self.requests: Counter[tuple[str, str, str, str]] = Counter()  # + status, finish
@@ -140,7 +140,7 @@ class Accounting:
         """A reloaded config's routes, windows (over the same history) and models; the counters
         are untouched. Requests in flight hold this object, so it takes them in place."""
         self.routes = tuple(routes)
-        self.model_configs = models
+        self.models = models
         if tuple(windows) != self.history.windows:
             self._rewindow(windows)
 
@@ -158,8 +158,8 @@ class Accounting:
             return ""
         if len(name) > MAX_MODEL_NAME or not name.isprintable() or not _utf8(name):
             return OTHER_MODEL
-        if name in self.models or len(self.models) < self.max_models:
-            self.models.add(name)
+        if name in self.model_names or len(self.model_names) < self.max_models:
+            self.model_names.add(name)
             return name
         return OTHER_MODEL
 
@@ -167,7 +167,7 @@ class Accounting:
         """The most draft tokens a step of `model` can have: the configured k, else the
         config's bound (an engine's per-position counters show only the positions it has
         accepted so far, llama.cpp's among them: not a bound)."""
-        config = self.model_configs.get(model)
+        config = self.models.get(model)
         return MAX_DRAFT_LENGTH if config is None else config.num_speculative_tokens
 
     def record(self, req: RequestOutcome) -> None:
@@ -179,7 +179,7 @@ class Accounting:
         if req.ttft is not None:
             self.ttft.setdefault(key, Buckets(TTFT_BUCKETS)).observe(req.ttft)
         if req.decode_seconds:
-            self._decoded(key, req)
+            self._add_decode(key, req)
         if req.without_exact is not None:
             self.without_exact[(req.route, req.model_name, req.without_exact)] += 1
         if req.exact is not None:
@@ -196,7 +196,7 @@ class Accounting:
             steps = tokens / per_step if per_step else None
             self._request_view(key, own, req.finish_reason, steps)
         elif req.increments:
-            config = self.model_configs.get(req.model_name)
+            config = self.models.get(req.model_name)
             k = None if config is None else config.num_speculative_tokens
             for weight in (
                 self._weights.setdefault(key, _Weight()),
@@ -220,7 +220,7 @@ class Accounting:
             out[(route, model)] = (every + d, exact + d if source == "exact" else exact)
         return out
 
-    def _decoded(self, key: RouteKey, req: RequestOutcome) -> None:
+    def _add_decode(self, key: RouteKey, req: RequestOutcome) -> None:
         """A streamed request's decode: its tokens after the first content event (prefill's),
         the seconds from that event to the last, and, when the engine stated its accepted
         drafts (source exact: vLLM's object, llama.cpp's timings), its decode steps: verify
@@ -260,7 +260,7 @@ class Accounting:
         if buckets is None:
             buckets = self.acceptance[key] = Buckets(ACCEPTANCE_BUCKETS)
         buckets.observe(acceptance)
-        config = self.model_configs.get(key[1])
+        config = self.models.get(key[1])
         drafts = exact.drafts or steps
         # slower: its own tokens per step / the step cost < 1
         if config is not None and drafts and 1 + accepted / drafts < config.step_cost_ratio:

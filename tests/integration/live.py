@@ -36,11 +36,12 @@ from dashboards.live import (
     substitute,
 )
 from dashboards.panels import JSON
+from dashboards.rules import RULES_DIR as SHIPPED_RULES_DIR
 from exporter.core.durations import parse_duration
 from tests.helpers import child, free_port, need_tool, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
+RULES_DIR = REPO / SHIPPED_RULES_DIR
 SHIPPED_RULES = sorted(RULES_DIR.glob("*.yml"))
 SPEED = 20.0  # the simulated engine runs 20x faster than real time
 T = TypeVar("T")

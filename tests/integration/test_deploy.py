@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dashboards import rules
 from exporter.config import load
 from tests.helpers import child, free_port, http_get, specdec, stop_group, wait_for
 
@@ -48,7 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE_DIR = DEPLOY / "compose"
 K8S_DIR = DEPLOY / "k8s"
-RULES_DIR = DEPLOY / "prometheus" / "rules"
+RULES_DIR = REPO / rules.RULES_DIR
 DOCKERFILE = REPO / "Dockerfile"
 SCALING_DOC = REPO / "docs" / "scaling.md"
 OLDEST_K8S = "1.29.0"  # validated against this and the newest kubernetes-validate knows

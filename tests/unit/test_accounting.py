@@ -50,7 +50,7 @@ def test_model_names_are_capped_then_other() -> None:
     assert labels[16:] == [OTHER_MODEL] * 4
     assert acc.label_model("model-3") == "model-3"  # a known name keeps its label
     assert acc.label_model(None) == "" and acc.label_model("") == ""
-    assert len(acc.models) == 16
+    assert len(acc.model_names) == 16
 
 
 def test_apportion_gives_the_unexplained_work_by_estimated_steps_and_accepted() -> None:
