@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from exporter.cli.common import EXIT_USAGE, AddVerb
-from exporter.config import ENGINE_KINDS
-from exporter.engines import DEFAULT_KIND
+from exporter.engines import DEFAULT_KIND, KINDS
 from exporter.scrape.families import families
 
 EXIT_NO_DATA = 1  # a page without spec-decode counters
@@ -29,7 +28,7 @@ def register(add_verb: AddVerb) -> None:
     p.add_argument(
         "--engine",
         default=DEFAULT_KIND,
-        choices=ENGINE_KINDS,
+        choices=KINDS,
         help=f"which engine's counter names to read (default {DEFAULT_KIND})",
     )
     p.add_argument(

@@ -9,8 +9,8 @@ from typing import Any
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, AddVerb
-from exporter.config import ENGINE_KINDS, ConfigError, from_flags
-from exporter.engines import DEFAULT_KIND
+from exporter.config import ConfigError, from_flags
+from exporter.engines import DEFAULT_KIND, KINDS
 from exporter.process import AddressInUse, check_free, run_until_stopped
 
 
@@ -67,7 +67,7 @@ def register(add_verb: AddVerb) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=ENGINE_KINDS,
+        choices=KINDS,
         default=DEFAULT_KIND,
         help=f"whose wire shapes and metrics page to serve (default {DEFAULT_KIND}): SGLang's "
         "sglext details, llama.cpp's timings and llamacpp:* page, TensorRT-LLM's page at "

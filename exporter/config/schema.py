@@ -27,7 +27,6 @@ from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.engines import DEFAULT_KIND as DEFAULT_KIND  # a target naming no engine: re-exported
 from exporter.engines import KINDS
 
-ENGINE_KINDS = KINDS  # a target's `engine:`: whose counter names (exporter.engines)
 DEFAULT_LISTEN = ("0.0.0.0", 10419)
 DEFAULT_PROXY_LISTEN = ("127.0.0.1", 8001)
 DEFAULT_INTERVAL = 1.0
@@ -89,7 +88,7 @@ class Target:
 
     name: str = setting(_target_name, fallback=lambda v: default_name(v["url"]))
     url: str = setting(_target_url)
-    engine: str = setting(one_of(ENGINE_KINDS, "an engine kind"), DEFAULT_KIND)
+    engine: str = setting(one_of(KINDS, "an engine kind"), DEFAULT_KIND)
     prefix: str | None = setting(metric_prefix, None)
     interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)
     timeout: float = setting(Reader.seconds, DEFAULT_TIMEOUT)
@@ -194,7 +193,7 @@ class ProxyConfig:
     write_timeout: float = setting(Reader.seconds, 30.0)  # a client not reading -> cut
     idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive: no request under way
     # the upstream's kind, when no target says it (default: the fronted target's engine)
-    engine: str | None = setting(one_of(ENGINE_KINDS, "an engine kind"), None)
+    engine: str | None = setting(one_of(KINDS, "an engine kind"), None)
 
     @property
     def route_names(self) -> tuple[str, ...]:

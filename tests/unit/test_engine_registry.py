@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ENGINE_KINDS
 from exporter.engines import KINDS, engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +76,6 @@ def test_a_planted_engine_literal_is_found(tmp_path: Path, line: str) -> None:
 
 
 def test_the_config_checks_against_the_registry() -> None:
-    assert ENGINE_KINDS == KINDS == ("vllm", "sglang", "llamacpp", "trtllm")
+    assert KINDS == ("vllm", "sglang", "llamacpp", "trtllm")
     with pytest.raises(ValueError, match="expected one of vllm, sglang, llamacpp, trtllm"):
         engine("tgi")
