@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
+from exporter.core.schedule import Schedule
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import SimEngine
@@ -33,8 +34,11 @@ async def simulator(
     engines: int = 1,
     adaptive: bool = False,
     dialect: str = "vllm",
+    schedule: Schedule | None = None,
 ) -> AsyncIterator[tuple[SimEngine, str]]:
-    engine = SimEngine("sim-27b", engines=engines, speed=speed, seed=seed, adaptive=adaptive)
+    engine = SimEngine(
+        "sim-27b", engines=engines, speed=speed, seed=seed, adaptive=adaptive, schedule=schedule
+    )
     app = build_app(engine, per_request, clock=clock or time.time, dialect=dialect)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()

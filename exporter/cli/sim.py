@@ -10,6 +10,7 @@ from typing import Any
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.config import ConfigError, from_flags
+from exporter.core.schedule import BadSchedule, Schedule
 from exporter.engines import DEFAULT_KIND, KINDS
 from exporter.process import AddressInUse, check_free, run_until_stopped
 
@@ -64,6 +65,12 @@ def register(add_verb: AddVerb) -> None:
         action="store_true",
         help="each verify step drafts 1..K tokens (vLLM's adaptive draft length): draft tokens "
         "are no longer K x steps",
+    )
+    p.add_argument(
+        "--schedule",
+        metavar="JSON",
+        help="run vLLM's dynamic speculative decoding: its num_speculative_tokens_per_batch_size, "
+        "e.g. '[[1,3,3],[4,15,2],[16,256,0]]' (k by the batch at each step; k <= K)",
     )
     p.add_argument(
         "--engine",
@@ -135,6 +142,12 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(
                     f"{flag} must be {want}, got {getattr(args, flag[2:].replace('-', '_'))}"
                 )
+        schedule = None
+        if args.schedule is not None:
+            try:
+                schedule = Schedule.parse(args.schedule)
+            except BadSchedule as exc:
+                raise ValueError(f"--schedule: {exc}") from None
     except (ConfigError, ValueError) as exc:
         print(f"specdec sim: bad arguments: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -151,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         args.seed,
         profiles,
         adaptive=args.adaptive_draft_length,
+        schedule=schedule,
     )
     app = build_app(engine, args.per_request_spec_decode_metrics, dialect=args.engine)
 

@@ -83,6 +83,29 @@ def from_spec_object(obj: Mapping[str, Any]) -> Counts:
     return Counts(float(steps), float(tokens), float(accepted), per_position)
 
 
+def spec_steps_by_length(obj: Mapping[str, Any]) -> dict[int, int] | None:
+    """A vLLM object's verify steps by the drafts proposed in them: exact from `per_step_drafted`
+    (the `detailed` level), else all at `num_spec_tokens` when the draft tokens say every step
+    drafted that many; None when the summary mixes draft lengths (a schedule, adaptive k)."""
+    steps, tokens = obj.get("num_spec_steps"), obj.get("num_draft_tokens")
+    if type(steps) is not int or type(tokens) is not int:
+        return None
+    drafted = obj.get("per_step_drafted")
+    if isinstance(drafted, list) and len(drafted) == steps:
+        if all(type(k) is int and k > 0 for k in drafted) and sum(drafted) == tokens:
+            found: dict[int, int] = {}
+            for k in drafted:
+                found[k] = found.get(k, 0) + 1
+            return found
+        return None
+    k = obj.get("num_spec_tokens")
+    if not steps:
+        return {}
+    if type(k) is int and k > 0 and tokens == k * steps:
+        return {k: steps}
+    return None
+
+
 MAX_DRAFT_LENGTH = 64  # the longest draft a config may name: the bound when none is known
 
 

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from exporter.core import reasons
-from exporter.core.counts import BadSpecObject, Counts, from_spec_object
+from exporter.core.counts import BadSpecObject, Counts, from_spec_object, spec_steps_by_length
 
 
 class Role(StrEnum):
@@ -56,6 +56,7 @@ class RequestFigures:
     exact: Counts | None
     without: str | None
     choices: int = 1
+    spec_steps: Mapping[int, int] | None = None  # verify steps by their drafts, where stated
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ class Engine:
         if not isinstance(spec, dict):
             return RequestFigures(None, reasons.UNKNOWN_SHAPE)
         try:
-            return RequestFigures(from_spec_object(spec), None)
+            return RequestFigures(from_spec_object(spec), None, 1, spec_steps_by_length(spec))
         except BadSpecObject:
             return RequestFigures(None, reasons.UNKNOWN_SHAPE)
 

@@ -103,6 +103,18 @@ class RouteCollector(FamiliesCollector):
         for reason_labels, n in sorted(acc.without_exact.items()):
             without.add_metric(list(reason_labels), float(n))
         yield without
+        steps = CounterMetricFamily(
+            "specdec_route_steps",
+            "Decode steps of the route's requests by the drafts proposed in them "
+            "(draft_length=0: steps without speculation, as under a dynamic schedule), from "
+            "the requests that stated them (vLLM's object: per step with `detailed`; with "
+            "`summary` when every verify step drafted num_spec_tokens); plain steps are the "
+            "completion tokens less 1, the verify steps and the accepted drafts.",
+            labels=[*ROUTE_LABELS, "draft_length"],
+        )
+        for step_labels, n in sorted(acc.steps_by_length.items()):
+            steps.add_metric(list(step_labels), float(n))
+        yield steps
 
     def _spec_counts(self) -> Iterator[Metric]:
         """The route's drafts, draft and accepted tokens, per position: exact or apportioned."""

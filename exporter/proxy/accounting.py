@@ -76,6 +76,8 @@ class RequestOutcome:
     drafted: tuple[int, int] | None = None  # llama.cpp's timings: (draft_n, draft_n_accepted)
     without_exact: str | None = None  # why not, for a 200 (core.reasons)
     increments: tuple[int, ...] = ()  # tokens per content event, when known
+    # its decode steps by the drafts proposed in them (0: plain), where the engine stated them
+    steps_by_length: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -108,6 +110,8 @@ class Accounting:
         self.exact: dict[RouteKey, Counts] = {}
         self.estimated: dict[RouteKey, Counts] = {}
         self.requests: Counter[tuple[str, str, str, str]] = Counter()  # + status, finish
+        # decode steps by draft length (a str: the label), of the requests that stated them
+        self.steps_by_length: Counter[tuple[str, str, str]] = Counter()
         self.without_exact: Counter[tuple[str, str, str]] = Counter()  # + reason
         self.moments: dict[RouteKey, RequestMoments] = {}
         self.acceptance: dict[RouteKey, Buckets] = {}  # per-request acceptance
@@ -182,6 +186,8 @@ class Accounting:
             self._add_decode(key, req)
         if req.without_exact is not None:
             self.without_exact[(req.route, req.model_name, req.without_exact)] += 1
+        for length, n in req.steps_by_length:
+            self.steps_by_length[(req.route, req.model_name, str(length))] += n
         if req.exact is not None:
             self._add_exact(key, req.exact)
             self._request_view(key, req.exact, req.finish_reason)

@@ -5,10 +5,11 @@ and the SSE tap."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.core import reasons
-from exporter.core.counts import fits
+from exporter.core.counts import Counts, fits
 from exporter.engines import DEFAULT
 from exporter.engines.base import Engine, Response
 from exporter.proxy import accounting
@@ -35,7 +36,7 @@ def request_outcome(
     timings, predicted = engine.timings(doc, tap.timings if tap is not None else None)
     model = acc.label_model(_model(doc, tap) if status == "200" else None)
     tokens = _count(usage.get("completion_tokens")) or predicted
-    exact = without = drafted = None
+    exact = without = drafted = spec_steps = None
     choices = 1
     if status == "200" and unread:
         without = reasons.UNREAD
@@ -43,6 +44,7 @@ def request_outcome(
         streamed = tap.spec_details if tap is not None else None
         figures = engine.request_figures(Response(doc, tap is not None, streamed, single))
         exact, without, choices = figures.exact, figures.without, figures.choices
+        spec_steps = figures.spec_steps
     draft_length = acc.draft_length(model)
     if exact is not None and not fits(exact, draft_length, tokens, choices):
         exact, without = None, reasons.IMPLAUSIBLE  # left to the estimate
@@ -68,8 +70,23 @@ def request_outcome(
         drafted=drafted,
         without_exact=without,
         increments=tuple(tap.increments) if tap is not None else (),
+        steps_by_length=_steps_by_length(exact, spec_steps, tokens),
         finish_reason=accounting.finish_label(finish),
     )
+
+
+def _steps_by_length(
+    exact: Counts | None, spec_steps: Mapping[int, int] | None, tokens: int
+) -> tuple[tuple[int, int], ...]:
+    """Its verify steps by draft length and its plain steps (k = 0): each verify step makes
+    1 + its accepted drafts, each plain one 1 token, after the prefill's first; so the plain
+    ones are the tokens less 1, the verify steps and the accepted drafts. Nothing when the
+    engine did not state its steps by draft length, or the tokens are not known."""
+    if exact is None or spec_steps is None or not tokens or exact.accepted is None:
+        return ()
+    plain = tokens - 1 - sum(spec_steps.values()) - int(exact.accepted)
+    found = {**spec_steps, 0: max(plain, 0)}
+    return tuple(sorted((k, n) for k, n in found.items() if n))
 
 
 def _count(value: object) -> int:

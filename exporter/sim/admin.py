@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -64,18 +65,24 @@ async def fault(request: web.Request) -> web.Response:
 async def truth(request: web.Request) -> web.Response:
     """What the simulator really did per profile since it started (restarts included): the
     drafts, and the decode steps' tokens and seconds beside a plain step's at the same batch
-    (`speedup`: the A/B truth at the load it ran; differences of two reads give a phase's)."""
+    (`speedup`: the A/B truth at the load it ran; differences of two reads give a phase's),
+    and the decode steps by the draft length they ran with (0: plain)."""
     engine = state_of(request).engine
     return web.json_response(
         {
-            name: _truth_json(engine.truth.get(name, Counts()), engine.payoff.get(name, Payoff()))
-            for name in sorted(engine.truth.keys() | engine.payoff.keys())
+            name: _truth_json(
+                engine.truth.get(name, Counts()),
+                engine.payoff.get(name, Payoff()),
+                engine.steps.get(name, {}),
+            )
+            for name in sorted(engine.truth.keys() | engine.payoff.keys() | engine.steps.keys())
         }
     )
 
 
-def _truth_json(c: Counts, payoff: Payoff) -> Json:
+def _truth_json(c: Counts, payoff: Payoff, steps: Mapping[int, int]) -> Json:
     return {
+        "steps_by_draft_length": {str(k): n for k, n in sorted(steps.items())},
         "drafts": c.drafts or 0,
         "draft_tokens": c.draft_tokens or 0,
         "accepted": c.accepted or 0,

@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from exporter.core.counts import Counts
+from exporter.core.schedule import Schedule
 from exporter.sim.metrics import EngineMetrics
 from exporter.sim.profiles import DEFAULT_PROFILES, LOOP_ACCEPTANCE, Profile, draw
 from exporter.sim.steptime import MODEL, StepTime
@@ -129,14 +131,18 @@ class SimEngine:
         profiles: dict[str, Profile] | None = None,
         adaptive: bool = False,
         step_time: StepTime = MODEL,
+        schedule: Schedule | None = None,
     ) -> None:
         self.model, self.k, self.engines, self.speed = model, k, engines, speed
         self.adaptive = adaptive  # each step drafts 1..k tokens, as vLLM's adaptive draft length
+        # k by the engine's batch at each step, as vLLM's dynamic speculative decoding runs it
+        self.schedule = schedule
         self.profiles = dict(profiles or DEFAULT_PROFILES)
         self.spec = k > 0
         self.metrics = EngineMetrics(model, engines, k, self.spec)
         self.step_time = step_time
         self.truth: dict[str, Counts] = {}
+        self.steps: dict[str, Counter[int]] = {}  # per profile: decode steps by draft length
         self.payoff: dict[str, Payoff] = {}
         self.running = [0] * engines
         self._rng = random.Random(seed)
@@ -191,7 +197,9 @@ class SimEngine:
                 count = 1
                 if emitted:
                     step_start = time.monotonic()
-                    count, drafted = self._step(profile.name, chain, rng, labels, stats)
+                    count, drafted = self._step(
+                        profile.name, chain, rng, labels, stats, limit - emitted
+                    )
                     await self.sleep(self._timed(profile.name, engine, count, drafted))
                     self.metrics.itl.labels(*labels).observe(time.monotonic() - step_start)
                 tokens = [
@@ -226,12 +234,24 @@ class SimEngine:
         rng: random.Random,
         labels: tuple[str, str],
         stats: RequestStats,
+        room: int,
     ) -> tuple[int, int]:
-        """One decode step: count its drafts everywhere; return its tokens and draft tokens."""
-        if not self.spec:
+        """One decode step: count its drafts everywhere; return its tokens and draft tokens.
+        No draft is accepted past the request's `room` (the tokens it may still make), so its
+        tokens are 1 + its steps + its accepted drafts and its plain steps follow from them."""
+        steps = self.steps.setdefault(profile, Counter())
+        k = 0
+        if self.spec:
+            k = self.k
+            if self.schedule is not None:
+                k = min(self.schedule.draft_length(self.running[int(labels[1])]), self.k)
+            elif self.adaptive:
+                k = rng.randint(1, self.k)
+        steps[k] += 1
+        if not k:
             return 1, 0
-        k = rng.randint(1, self.k) if self.adaptive else self.k
-        accepted = min(draw(rng, chain), k)  # a draft that was not proposed is not accepted
+        # a draft that was not proposed is not accepted, nor one past the request's end
+        accepted = min(draw(rng, chain), k, max(room - 1, 0))
         assert self.metrics.spec_counters is not None
         drafts, proposed, accepted_tokens, per_pos = self.metrics.spec_counters
         drafts.labels(*labels).inc()

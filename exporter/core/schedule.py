@@ -1,0 +1,62 @@
+"""vLLM's dynamic speculative decoding schedule (`num_speculative_tokens_per_batch_size` in its
+`--speculative-config`, PR #32374): inclusive batch-size ranges from 1, each with the draft
+length the engine runs at that batch; the last range's k holds above it (as vLLM 0.32 reads
+it). One reading for the advice that prints it, the simulator that runs it and the figures
+that follow it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class BadSchedule(ValueError):
+    """Not a schedule vLLM would take: the message says which range and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    ranges: tuple[tuple[int, int, int], ...]  # (first batch, last batch, k), contiguous from 1
+
+    @classmethod
+    def parse(cls, value: object) -> Schedule:
+        """From vLLM's shape: a list of [start, end, k], or its JSON text."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise BadSchedule(f"not JSON: {exc.msg} at column {exc.colno}") from None
+        if not isinstance(value, list) or not value:
+            raise BadSchedule("expected a non-empty list of [start, end, k]")
+        ranges, expected = [], 1
+        for i, item in enumerate(value):
+            if not (
+                isinstance(item, list)
+                and len(item) == 3
+                and all(type(n) is int and n >= 0 for n in item)
+            ):
+                raise BadSchedule(f"range {i + 1}: expected [start, end, k], non-negative ints")
+            start, end, k = item
+            if start != expected or end < start:
+                raise BadSchedule(
+                    f"range {i + 1}: [{start}, {end}, ...] must start at {expected} and end at "
+                    "or after its start (ranges are contiguous from batch 1)"
+                )
+            ranges.append((start, end, k))
+            expected = end + 1
+        return cls(tuple(ranges))
+
+    def draft_length(self, batch: float) -> int:
+        """k at a batch of `batch` running requests (below 1: the first range's)."""
+        for _, end, k in self.ranges:
+            if batch <= end:
+                return k
+        return self.ranges[-1][2]
+
+    def bands(self) -> Mapping[str, int]:
+        """`start-end` -> k, the dashboard's and the demo's band names."""
+        return {f"{start}-{end}": k for start, end, k in self.ranges}
+
+    def as_config(self) -> list[list[int]]:
+        return [list(r) for r in self.ranges]
