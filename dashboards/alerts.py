@@ -105,19 +105,27 @@ def silently_off(mix: Mixin) -> dict[str, Any]:
     """Traffic without drafts, seen three ways: a route's tokens (the proxy), vLLM's tokens,
     and TensorRT-LLM's finished requests on a model that drafted before (its
     acceptance_rate_threshold gate turns speculation off for good; it counts no tokens, and
-    its draft counters are per position in some releases, in total in others: either)."""
+    its draft counters are per position in some releases, in total in others: either). Not
+    where a dynamic schedule said k = 0 at some point of the window: no drafts is then by
+    design (`advise`'s own schedules end in 0 at large batches)."""
     vllm = f"{{{mix.vllm_selector}}}" if mix.vllm_selector else ""
     trt = f"{{{mix.trtllm_selector}}}" if mix.trtllm_selector else ""
     names = '__name__=~"trtllm_spec_decode_(num_draft_tokens|drafted_tokens)_total"'
     drafted = f"{{{names}{', ' + mix.trtllm_selector if mix.trtllm_selector else ''}}}"
+    by_design = (
+        " unless on (model_name)"
+        " min by (model_name) (min_over_time(specdec_engine_scheduled_draft_length[10m])) == 0"
+    )
     return _alert(
         mix,
         "SpecDecodeSilentlyOff",
         "(sum by (route, model_name) (rate(specdec_route_generation_tokens_total[10m])) > 0\n"
-        " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_drafts_total[10m])) > 0)\n"
+        " unless on (route, model_name) sum by (route, model_name) (rate(specdec_route_drafts_total[10m])) > 0\n"
+        f"{by_design})\n"
         "or\n"
         f"(sum by (model_name) (rate(vllm:generation_tokens_total{vllm}[10m])) > 0\n"
-        f" unless on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0)\n"
+        f" unless on (model_name) sum by (model_name) (rate(vllm:spec_decode_num_drafts_total{vllm}[10m])) > 0\n"
+        f"{by_design})\n"
         "or\n"
         f"(sum by (model_name) (rate(trtllm_request_success_total{trt}[10m])) > 0\n"
         f" and on (model_name) sum by (model_name) ({drafted}) > 0\n"
@@ -129,6 +137,26 @@ def silently_off(mix: Mixin) -> dict[str, Any]:
         "TensorRT-LLM) and proposes no draft tokens: speculative decoding is off (TensorRT-LLM turns "
         "it off by itself when acceptance falls below acceptance_rate_threshold), or its drafter "
         "finds nothing to propose.",
+    )
+
+
+def schedule_not_in_effect(mix: Mixin) -> dict[str, Any]:
+    """Drafts made where the schedule in the config says none, its whole window: the engine
+    does not run the schedule it was given (vLLM #48494/#54748: an operator had to read the
+    process's command line to learn it; ignored under data parallelism > 1)."""
+    return _alert(
+        mix,
+        "SpecDecodeScheduleNotInEffect",
+        "sum by (model_name) (rate(specdec_drafts_total[10m])) > 0\n"
+        "and on (model_name)\n"
+        "max by (model_name) (max_over_time(specdec_engine_scheduled_draft_length[10m])) == 0",
+        mix.for_.schedule_not_in_effect,
+        "warning",
+        "{{ $labels.model_name }} drafts where its schedule says it should not",
+        "{{ $labels.model_name }} makes {{ $value | humanize }} verify steps/s while its batch "
+        "is in a band where the configured draft_length_schedule gives k = 0: the engine does "
+        "not run that schedule (not passed in --speculative-config, or data parallelism > 1, "
+        "where vLLM ignores it), or the config's schedule is not the engine's.",
     )
 
 
@@ -166,6 +194,7 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
         below_breakeven(mix),
         costly_at_load(mix),
         silently_off(mix),
+        schedule_not_in_effect(mix),
         exact_counts_lost(mix),
         counters_missing(mix),
         target_down(mix),

@@ -106,6 +106,7 @@ class Durations:
     below_breakeven: str = setting(_duration, "15m")
     costly_at_load: str = setting(_duration, "10m")
     silently_off: str = setting(_duration, "10m")
+    schedule_not_in_effect: str = setting(_duration, "10m")
     exact_counts_lost: str = setting(_duration, "10m")
     counters_missing: str = setting(_duration, "10m")
     target_down: str = setting(_duration, "2m")

@@ -106,7 +106,7 @@ class Sidecar:
         def register(collector: Collector) -> None:
             registry.register(Guarded(collector, self.faults))
 
-        register(TargetCollector(targets, self.clock))
+        register(TargetCollector(targets, self.clock, models))
         register(ModelCollector(models))
         ProcessCollector(namespace="specdec", registry=registry)
         registry.register(LifecycleCollector(self.reloads, self.faults))

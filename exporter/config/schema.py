@@ -23,6 +23,7 @@ from exporter.config.nodes import (
     whole,
 )
 from exporter.core.payoff import StepCurve, StepPoint, single_point_curve
+from exporter.core.schedule import BadSchedule, Schedule
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.engines import DEFAULT_KIND as DEFAULT_KIND  # a target naming no engine: re-exported
 from exporter.engines import KINDS
@@ -213,6 +214,22 @@ class StepTimePoint:
     verify_seconds: float | None = setting(_POSITIVE, None)
 
 
+def _schedule(r: Reader, node: yaml.Node, key: str) -> Schedule:
+    """vLLM's `num_speculative_tokens_per_batch_size`, as `advise` prints it."""
+    shape = "vLLM's num_speculative_tokens_per_batch_size, a list of [start, end, k]"
+    if not isinstance(node, yaml.SequenceNode):
+        raise r.fail(node, key, f"expected {shape}")
+    ranges = []
+    for item in node.value:
+        if not isinstance(item, yaml.SequenceNode):
+            raise r.fail(item, key, f"expected {shape}")
+        ranges.append([r.scalar(v, key, int, "a whole number") for v in item.value])
+    try:
+        return Schedule.parse(ranges)
+    except BadSchedule as exc:
+        raise r.fail(node, key, str(exc)) from None
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """What the payoff figures need to know about a served model."""
@@ -226,6 +243,15 @@ class ModelConfig:
     step_time: tuple[StepTimePoint, ...] = setting(
         objects(StepTimePoint, "a non-empty list of step-time points", unique="running"), ()
     )
+    # the dynamic speculative decoding schedule the engine runs (k by batch), if it runs one
+    draft_length_schedule: Schedule | None = setting(_schedule, None)
+
+    def scheduled_draft_length(self, batch: float) -> int:
+        """The draft length the engine runs at `batch`: the schedule's (at most the model's k),
+        else the model's k."""
+        k = self.num_speculative_tokens
+        schedule = self.draft_length_schedule
+        return k if schedule is None else min(schedule.draft_length(batch), k)
 
     @property
     def curve(self) -> StepCurve | None:

@@ -1,8 +1,8 @@
 """vLLM's dynamic speculative decoding schedule (`num_speculative_tokens_per_batch_size` in its
 `--speculative-config`, PR #32374): inclusive batch-size ranges from 1, each with the draft
 length the engine runs at that batch; the last range's k holds above it (as vLLM 0.32 reads
-it). One reading for the advice that prints it, the simulator that runs it and the figures
-that follow it."""
+it; `specdec advise` prints this shape). One reading for the config that names the schedule an
+engine runs, the simulator that runs it and the alerts that follow it."""
 
 from __future__ import annotations
 

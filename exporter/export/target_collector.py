@@ -3,11 +3,12 @@ of a vanished target or series disappear with it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter import __version__
+from exporter.config import ModelConfig
 from exporter.core.counts import Counts, ratios, total
 from exporter.engines.base import RUNNING
 from exporter.export.collector import FamiliesCollector
@@ -20,9 +21,15 @@ SERIES = ["target", "model_name", "engine"]
 
 
 class TargetCollector(FamiliesCollector):
-    def __init__(self, targets: Sequence[TargetState], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        targets: Sequence[TargetState],
+        clock: Callable[[], float],
+        models: Mapping[str, ModelConfig] | None = None,
+    ) -> None:
         self.targets = targets
         self.clock = clock
+        self.models = models or {}  # by model_name: a schedule gives the scheduled draft length
 
     def collect(self) -> Iterator[Metric]:
         yield from self._health()
@@ -156,6 +163,14 @@ class TargetCollector(FamiliesCollector):
             "The same with the curve's verify step (b verify(b) dt).",
             labels=SERIES,
         )
+        scheduled = GaugeMetricFamily(
+            "specdec_engine_scheduled_draft_length",
+            "The draft length the model's dynamic speculative decoding schedule "
+            "(`models: draft_length_schedule`, vLLM's num_speculative_tokens_per_batch_size) "
+            "gives at the engine's batch at the last scrape; 0: no speculation at this batch. "
+            "Only for a model with a schedule.",
+            labels=SERIES,
+        )
         for state in self.targets:
             for (model_name, engine), batch in sorted(state.batch.items()):
                 labels = [state.target.name, model_name, engine]
@@ -172,7 +187,12 @@ class TargetCollector(FamiliesCollector):
                     rate.add_metric(labels, values["acceptance_rate"])
                 if RUNNING in values:
                     running.add_metric(labels, values[RUNNING])
-        yield from (f for f in (length, rate, running, busy, crowded, plain, verify) if f.samples)
+                    model = self.models.get(model_name)
+                    if model is not None and model.draft_length_schedule is not None:
+                        k = model.scheduled_draft_length(values[RUNNING])
+                        scheduled.add_metric(labels, float(k))
+        families = (length, rate, running, busy, crowded, plain, verify, scheduled)
+        yield from (f for f in families if f.samples)
 
     def _windows(self) -> Iterator[Metric]:
         labels = [*SERIES, "window"]
