@@ -34,6 +34,7 @@ ALERTS = (
     "SpecDecodeBelowBreakEven",
     "SpecDecodeCostlyAtLoad",
     "SpecDecodeSilentlyOff",
+    "SpecDecodeScheduleNotInEffect",
     "SpecDecodeExactCountsLost",
     "SpecDecodeCountersMissing",
     "SpecDecodeTargetDown",
