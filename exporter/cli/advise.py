@@ -23,7 +23,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cli.common import EXIT_USAGE, AddVerb
-from exporter.core.payoff import DraftLength, best_draft_length, speedups_by_draft_length
+from exporter.core.payoff import (
+    best_draft_length,
+    speedups_by_draft_length,
+    step_seconds,
+)
 
 EXIT_NO_DATA = 1
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -246,7 +250,9 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
     for b in BATCHES:
         plain, verify = plain0 + plain1 * b, verify0 + verify1 * b
         options = speedups_by_draft_length(per_position, 1.0, plain, verify, 0.0)
-        seconds[b] = {o.draft_length: _seconds(plain, verify, o, k) for o in options}
+        seconds[b] = {
+            o.draft_length: step_seconds(o.draft_length, plain, verify, k) for o in options
+        }
         chosen = best_draft_length(options)
         best_k[b] = chosen.draft_length if chosen else k
     return {
@@ -257,10 +263,6 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
         "acceptance_rate_per_pos": list(per_position),
         "step_seconds_by_batch": seconds,
     }
-
-
-def _seconds(plain: float, verify: float, option: DraftLength, k: int) -> float:
-    return plain + (verify - plain) * option.draft_length / k
 
 
 def _ranges(best: dict[int, int]) -> list[list[int]]:

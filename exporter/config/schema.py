@@ -212,6 +212,7 @@ class StepTimePoint:
     running: float = setting(number(0.0, 1e6))
     plain_seconds: float = setting(_POSITIVE)
     verify_seconds: float | None = setting(_POSITIVE, None)
+    one_draft_seconds: float | None = setting(_POSITIVE, None)  # engines with a per-request k
 
 
 def _schedule(r: Reader, node: yaml.Node, key: str) -> Schedule:
@@ -260,7 +261,8 @@ class ModelConfig:
         if self.step_time:
             return StepCurve(
                 tuple(
-                    StepPoint(p.running, p.plain_seconds, p.verify_seconds) for p in self.step_time
+                    StepPoint(p.running, p.plain_seconds, p.verify_seconds, p.one_draft_seconds)
+                    for p in self.step_time
                 )
             )
         if self.plain_decode_tokens_per_second:

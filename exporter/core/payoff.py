@@ -106,6 +106,7 @@ class StepPoint:
     running: float
     plain_seconds: float
     verify_seconds: float | None = None
+    one_draft_seconds: float | None = None  # a verify step of one draft, where it was measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,10 @@ class StepCurve:
 
     def verify(self, running: float) -> float | None:
         known = [(p.running, p.verify_seconds) for p in self.points if p.verify_seconds is not None]
+        return _interpolate(known, running) if known else None
+
+    def one_draft(self, running: float) -> float | None:
+        known = [(p.running, p.one_draft_seconds) for p in self.points if p.one_draft_seconds]
         return _interpolate(known, running) if known else None
 
     @property
@@ -167,6 +172,7 @@ class Speedups:
     measured: float | None  # decode rate x plain step seconds
     plain_seconds: float | None = None  # a plain step at the batch (the curve)
     step_seconds: float | None = None  # a speculative step: observed, else the curve's
+    one_draft_seconds: float | None = None  # a verify step of one draft at the batch (the curve)
 
     @classmethod
     def at_load(
@@ -194,7 +200,7 @@ class Speedups:
         elif tokens_per_step is not None and (step := curve.verify(batch)):
             estimated = tokens_per_step * plain / step
         measured = None if decoded.rate is None else decoded.rate * plain
-        return cls(estimated, measured, plain, step)
+        return cls(estimated, measured, plain, step, curve.one_draft(batch))
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
@@ -216,41 +222,63 @@ class DraftLength:
     halfwidth: float | None  # 95 %, from the acceptance's; None: not known
 
 
+def step_seconds(
+    length: int, plain: float, verify: float, k: int, one_draft: float | None = None
+) -> float:
+    """Seconds of a step drafting `length` tokens, from a plain step, the verify step at k and,
+    where measured, the verify step of one draft: linear in the drafts from one draft on (the
+    drafter's fixed cost is in every verify step: llama.cpp's draft model, ~0.7 of a plain
+    step whatever k, docs/BENCHMARKS.md §11), else linear from the plain step (the
+    simulator's model; an interpolation for a real engine); past k the line goes on."""
+    if length == 0:
+        return plain
+    if one_draft is None or k == 1:  # k = 1: the one-draft step is the verify step
+        return plain + (verify - plain) * length / k
+    return one_draft + (verify - one_draft) * (length - 1) / (k - 1)
+
+
 def speedups_by_draft_length(
     per_position: tuple[float, ...],
     drafts: float,
     plain: float,
     verify: float,
     relative_halfwidth: float | None,
+    k: int | None = None,
+    one_draft: float | None = None,
 ) -> list[DraftLength]:
-    """k' = 0..k (k = len(per_position)): tokens per step E(k') = 1 + sum_{i<k'} P(more than i
-    drafts accepted) (position i is only drafted when k' > i, so the truncated sum is what k'
-    would have produced), and a step's seconds linear in k' between the plain step (k' = 0)
-    and the observed verify step at k (exact in the simulator's model; an interpolation for a
-    real engine). `relative_halfwidth`: of the accepted tokens per step, taken to scale the
-    accepted part of every E(k') alike (an approximation: the positions move together)."""
-    k = len(per_position)
+    """k' = 0..len(per_position): tokens per step E(k') = 1 + sum_{i<k'} P(more than i drafts
+    accepted) (position i is only drafted when k' > i, so the truncated sum is what k' would
+    have produced), and a step's seconds by `step_seconds` from the observed verify step at k
+    (default: every position given was drafted). `relative_halfwidth`: of the accepted tokens
+    per step, taken to scale the accepted part of every E(k') alike (an approximation: the
+    positions move together)."""
+    k = len(per_position) if k is None else k
     if drafts <= 0 or k == 0 or plain <= 0 or verify <= 0:
         return []
     out = [DraftLength(0, 1.0, 0.0)]
     accepted = 0.0
-    for length in range(1, k + 1):
+    for length in range(1, len(per_position) + 1):
         accepted += per_position[length - 1] / drafts
-        seconds = plain + (verify - plain) * length / k
+        seconds = step_seconds(length, plain, verify, k, one_draft)
         speedup = (1 + accepted) * plain / seconds
         half = None if relative_halfwidth is None else accepted * relative_halfwidth
         out.append(DraftLength(length, speedup, None if half is None else half * plain / seconds))
     return out
 
 
-def geometric_positions(acceptance: float, k: int) -> tuple[float, ...]:
-    """P(more than i drafts accepted), i < k, for a route whose engine states only its draft
-    and accepted tokens (llama.cpp's timings; its per-position counters mix every route): each
+def geometric_positions(
+    acceptance: float, k: int, positions: int | None = None
+) -> tuple[float, ...]:
+    """P(more than i drafts accepted), i < `positions` (default k), for a route whose engine
+    states only its draft and accepted tokens (llama.cpp's timings; its per-position counters
+    mix every route): each
     draft accepted with one probability a, given the ones before it (Leviathan et al.), so
     P(more than i) = a^(i+1), with a chosen so that the mean over k positions is the route's
     measured `acceptance` (accepted / draft tokens). Exact for i.i.d. acceptance; for the
     usual falling conditional acceptance it understates the first position and overstates the
-    last (measured: within 2 % of E(k') for the bench's two routes, docs/metrics.md)."""
+    last (measured: within 2 % of E(k') for the bench's two routes, docs/metrics.md). Past k
+    the profile goes on (a^(i+1)): what k' > k would get, if the route's drafts keep being
+    accepted as they were (an extrapolation; vLLM's own positions are not extended)."""
     target = min(max(acceptance, 0.0), 1.0)
     low, high = 0.0, 1.0
     for _ in range(60):  # bisection: the mean rises with a
@@ -260,7 +288,7 @@ def geometric_positions(acceptance: float, k: int) -> tuple[float, ...]:
         else:
             high = a
     a = (low + high) / 2
-    return tuple(a ** (i + 1) for i in range(k))
+    return tuple(a ** (i + 1) for i in range(k if positions is None else positions))
 
 
 def best_draft_length(options: list[DraftLength]) -> DraftLength | None:

@@ -156,6 +156,11 @@ class Engine:
         request to the next, where the part changes a step's cost; none here."""
         return {}
 
+    def draft_length_fields(self, draft_length: int) -> dict[str, Any] | None:
+        """Body members that make one request draft at most `draft_length` tokens a step, where
+        the engine takes a draft length per request; None where it runs one for all (vLLM)."""
+        return None
+
     def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
         """A request's own draft and accepted tokens from its timings, where the engine sends
         them (llama.cpp); None elsewhere."""

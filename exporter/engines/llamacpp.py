@@ -34,6 +34,11 @@ class Llamacpp(Vllm):
         (docs/BENCHMARKS.md §11). Pinned, the busy slots at concurrency c are 0..c-1: one pass."""
         return {"id_slot": worker}
 
+    def draft_length_fields(self, draft_length: int) -> dict[str, Any] | None:
+        """`speculative.n_max`, llama-server's per-request cap (a build that ignores it shows
+        in its counters: `specdec measure` checks the drafts it got)."""
+        return {"speculative.n_max": draft_length}
+
     def reads_finish_event(self, event: bytes) -> bool:
         return b'"timings":{' in event
 

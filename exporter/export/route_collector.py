@@ -28,13 +28,17 @@ from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
 
+MODELLED_BEYOND = 2  # draft lengths past k offered where a route's profile is modelled
+
 
 def _by_draft_length(
     c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
 ) -> list[DraftLength]:
-    """The route's speedup at each draft length 0..k, from its per-position acceptance: its
-    own where its requests state them (`own_positions`), else (llama.cpp: the engine's
-    positions mix every route) the geometric profile of its own acceptance over k positions."""
+    """The route's speedup at each draft length from 0, from its per-position acceptance: its
+    own where its requests state them (`own_positions`; 0..k, nothing is known past k), else
+    (llama.cpp: the engine's positions mix every route) the geometric profile of its own
+    acceptance, 0..k + MODELLED_BEYOND (the profile goes on past k: a draft length the engine
+    must be restarted with; on the GPU bench the agent's best was k = 5 at a deployed 3)."""
     if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts:
         return []
     relative = None
@@ -45,9 +49,15 @@ def _by_draft_length(
         acceptance = ratios(c).acceptance
         if acceptance is None or not k:
             return []
-        positions, steps = geometric_positions(acceptance, k), 1.0
+        positions, steps = geometric_positions(acceptance, k, k + MODELLED_BEYOND), 1.0
     return speedups_by_draft_length(
-        positions, steps, payoff.plain_seconds, payoff.step_seconds, relative
+        positions,
+        steps,
+        payoff.plain_seconds,
+        payoff.step_seconds,
+        relative,
+        k=k if k and not own_positions else None,
+        one_draft=payoff.one_draft_seconds,
     )
 
 

@@ -1,20 +1,28 @@
 """The step-time curve: seconds per decode step, speculative and plain, against the batch.
 
 At each concurrency level the scenarios are replayed together, their requests interleaved
-(at least 3 x the level's requests, so the batch stays near it): the mix the routes share the
-engine in, which a plain step's seconds depend on beyond the batch (new requests' prefills land
-in the decode steps; measured on a GPU llama-server: at batch 4, 49 tok/s per request in a
-mixed phase against 77 when each scenario ran alone, docs/BENCHMARKS.md §11). Against the
-speculative endpoint, then the plain one (the same model without speculation), so the two see
-the same load; the engine's running requests
-(its batch gauge, `Engine.running_gauge`) are sampled from its /metrics while they run. Per
-level:
+(at least 3 x the level's requests): the mix the routes share the engine in, which a plain
+step's seconds depend on beyond the batch (new requests' prefills land in the decode steps;
+measured on a GPU llama-server: at batch 4, 49 tok/s per request in a mixed phase against 77
+when each scenario ran alone, docs/BENCHMARKS.md §11). Against the speculative endpoint, then
+the plain one (the same model without speculation), so the two see the same load. Only the
+steady part counts: the requests that ended before the first worker ran out of work (`full`),
+and the engine's running requests (its batch gauge, `Engine.running_gauge`) sampled from its
+/metrics until then; the tail, as the batch drains, is left out (on a GPU llama-server its
+steps cost 16-30 ms a token against 11-16 steady at c = 16-32: the slots still busy are no
+longer contiguous, and it splits a batch per run of them, §11). Per level:
 
 - plain seconds per step = decode seconds / decode tokens (one token per plain step);
 - speculative seconds per step = decode seconds / decode steps, the steps from each request's
   own counts (`core.payoff.decode_steps`: decode tokens - accepted drafts; vLLM's objects and
   llama.cpp's timings both state the accepted drafts);
-- tokens per step, decode rates and the speedup (spec rate / plain rate).
+- tokens per step, decode rates and the speedup (spec rate / plain rate);
+- where the engine takes a draft length per request (`Engine.draft_length_fields`: llama.cpp),
+  a third phase at one draft a step gives seconds per one-draft step: a step's cost is not
+  linear in k from a plain step (llama.cpp's draft model costs a fixed ~0.7 plain step
+  whatever k, §11), so the options by draft length need this second point. Kept only where
+  the engine's counters say its steps drafted one token (a build that ignores the field
+  drafts k).
 
 Decode = tokens after the first / seconds from the first content token to the last.
 """
@@ -59,11 +67,17 @@ class Phase:
     def requests(self) -> list[Request]:
         return [r for s in self.results for r in s.requests]
 
+    @property
+    def steady(self) -> list[Request]:
+        """The requests that ran at the level throughout (all of them where none did)."""
+        return [r for r in self.requests if r.full] or self.requests
+
     def decode(self) -> tuple[float, float, float | None]:
-        """(tokens after the first, their seconds, decode steps or None when not counted)."""
+        """(tokens after the first, their seconds, decode steps or None when not counted),
+        over the steady requests."""
         tokens = seconds = steps = 0.0
         counted = True
-        for r in self.requests:
+        for r in self.steady:
             own, spent, made = r.decode()
             if spent <= 0:
                 continue
@@ -80,6 +94,18 @@ class Level:
     concurrency: int
     spec: Phase = field(default_factory=Phase)
     plain: Phase = field(default_factory=Phase)
+    one_draft: Phase | None = None  # the speculative endpoint at one draft a step
+
+    def one_draft_seconds(self) -> float | None:
+        """Seconds per one-draft step, where that phase ran and drafted one token a step."""
+        phase = self.one_draft
+        counted = None if phase is None else phase.counted
+        if phase is None or counted is None or not counted.drafts or counted.draft_tokens is None:
+            return None
+        if counted.draft_tokens / counted.drafts > 1.05:  # the engine drafted more: no point
+            return None
+        _, seconds, steps = phase.decode()
+        return seconds / steps if steps else None
 
     def row(self) -> dict[str, Any]:
         """The level as the `--json` document has it (None where it cannot be said)."""
@@ -94,6 +120,7 @@ class Level:
             "requests": len(self.spec.requests),
             "running": sum(b * b for b in samples) / busy if busy else None,
             "verify_seconds": s_seconds / s_steps if s_steps else None,
+            "one_draft_seconds": self.one_draft_seconds(),
             "plain_seconds": p_seconds / p_tokens if p_tokens else None,
             "tokens_per_step": s_tokens / s_steps if s_steps else None,
             "decode_tokens_per_second": spec_rate,
@@ -109,9 +136,13 @@ def running_requests(page: str, gauge: str) -> float | None:
 
 
 async def _sample(
-    session: aiohttp.ClientSession, metrics_url: str, gauge: str, into: list[float]
+    session: aiohttp.ClientSession,
+    metrics_url: str,
+    gauge: str,
+    into: list[float],
+    until: asyncio.Event,
 ) -> None:
-    while True:
+    while not until.is_set():
         with contextlib.suppress(MeasureError):
             value = running_requests(await engine_page(session, metrics_url), gauge)
             if value is not None:
@@ -134,11 +165,14 @@ async def _phase(
     phase.results.extend(results.values())
     items = interleaved(scenarios, runs)
     gauge = plan.engine.running_gauge
+    drained = asyncio.Event()
     sampler = None
     if gauge is not None:  # TensorRT-LLM has none: the level has no batch to plot against
-        sampler = asyncio.create_task(_sample(session, metrics_url, gauge, phase.running))
+        sampler = asyncio.create_task(_sample(session, metrics_url, gauge, phase.running, drained))
     try:
-        phase.counted = await replay(session, base_url, metrics_url, model, items, plan, results)
+        phase.counted = await replay(
+            session, base_url, metrics_url, model, items, plan, results, drained
+        )
     finally:
         if sampler is not None:
             sampler.cancel()
@@ -156,7 +190,12 @@ async def measure_curve(
     into: list[Level],
 ) -> None:
     """Every level in turn, the scenarios together (the mix the routes share the engine in)
-    against spec then plain; appends to `into`."""
+    against spec, spec at one draft a step where the engine takes it per request, then plain;
+    appends to `into`."""
+    one = plan.engine.draft_length_fields(1)
+    one_draft = [
+        replace(s, extra_body=(*s.extra_body, *one.items())) for s in scenarios
+    ] if one is not None else None  # fmt: skip
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
@@ -168,4 +207,7 @@ async def measure_curve(
             runs = [max(plan.runs, -(-share // len(s.prompts))) for s in scenarios]
             at = replace(plan, concurrency=concurrency)
             await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec)
+            if one_draft is not None:
+                level.one_draft = Phase()
+                await _phase(client, spec_url, spec_model, one_draft, runs, at, level.one_draft)
             await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain)

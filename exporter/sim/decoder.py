@@ -70,11 +70,13 @@ class Payoff:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """The sampling fields of a request that decide its length (vLLM's names)."""
+    """The sampling fields of a request that decide its length (vLLM's names), and the draft
+    length it caps its steps at (llama-server's `speculative.n_max`; None: the engine's)."""
 
     max_tokens: int | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
+    draft_length: int | None = None
 
 
 @dataclass(slots=True)
@@ -198,8 +200,9 @@ class SimEngine:
                 if emitted:
                     step_start = time.monotonic()
                     count, drafted = self._step(
-                        profile.name, chain, rng, labels, stats, limit - emitted
-                    )
+                        profile.name, chain, rng, labels, stats, limit - emitted,
+                        sampling.draft_length,
+                    )  # fmt: skip
                     await self.sleep(self._timed(profile.name, engine, count, drafted))
                     self.metrics.itl.labels(*labels).observe(time.monotonic() - step_start)
                 tokens = [
@@ -235,6 +238,7 @@ class SimEngine:
         labels: tuple[str, str],
         stats: RequestStats,
         room: int,
+        cap: int | None = None,
     ) -> tuple[int, int]:
         """One decode step: count its drafts everywhere; return its tokens and draft tokens.
         No draft is accepted past the request's `room` (the tokens it may still make), so its
@@ -247,6 +251,8 @@ class SimEngine:
                 k = min(self.schedule.draft_length(self.running[int(labels[1])]), self.k)
             elif self.adaptive:
                 k = rng.randint(1, self.k)
+            if cap is not None:
+                k = min(k, cap)
         steps[k] += 1
         if not k:
             return 1, 0

@@ -121,7 +121,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if state.dialect == "llamacpp" and n != 1:  # llama-server's own refusal
         body = {"code": 400, "message": "Only one completion choice is allowed"}
         return json_body({"error": body | {"type": "invalid_request_error"}}, 400)
-    sampling = Sampling(max_tokens, min_tokens, ignore_eos)
+    cap = body.get("speculative.n_max") if state.dialect == "llamacpp" else None
+    sampling = Sampling(max_tokens, min_tokens, ignore_eos, cap if _positive_int(cap) else None)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
         state,
