@@ -257,11 +257,29 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
             by_name("± (95 %)", prop("unit", TIMES), prop("decimals", 2)),
         ],
     )
+    in_effect = timeseries(
+        "Draft length in effect",
+        "Draft tokens per decode step per route (a step without drafts counts 0), from "
+        "specdec_route_steps_total: under a dynamic schedule (vLLM's "
+        "num_speculative_tokens_per_batch_size, as specdec advise prints it) it moves with the "
+        "batch. Dashed: the k the model's configured draft_length_schedule gives at the "
+        "engine's batch now. Where the two part, the engine is not running the schedule the "
+        "config says (SpecDecodeScheduleNotInEffect fires where the schedule says 0).",
+        [
+            (ROUTE_LEGEND, Q.route_draft_length_in_effect()),
+            ("schedule's k ({{model_name}})", Q.scheduled_draft_length()),
+        ],
+        TOKENS_PER_STEP,
+        min_value=0,
+        decimals=2,
+        overrides=[by_ref("B", dashed())],
+    )
     return [
         (9, [acceptance, tokens]),
         (9, [speedup, decode]),
         (9, [lengths, speedup_by_batch()]),
-        (8, [ttft, requests]),
+        (8, [in_effect, ttft]),
+        (8, [requests]),
     ]
 
 

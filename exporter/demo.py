@@ -5,7 +5,10 @@ traffic from two workloads sharing the engine through the proxy (Japanese voice 
 a header, an English coding agent by a path prefix); prints the URLs, then every few seconds
 one line per route (the proxy's exact per-request accounting) and one for the engine (the
 sidecar's rolling window over vLLM's counters). `--with-prometheus` also runs Debian's
-prometheus on the repo's prometheus.yml. Ctrl-C stops everything.
+prometheus on the repo's prometheus.yml. `--schedule` runs a dynamic speculative decoding
+schedule (as `specdec advise` prints it) on the simulator and in the sidecar's config, and adds
+a line: the band the engine's batch is in, the k it gives, and each workload's drafts per step
+since the last line (advise -> apply -> verify). Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from exporter.config import (
 )
 from exporter.core.counts import ratios, total
 from exporter.core.payoff import Decode, Speedups
+from exporter.core.schedule import Schedule
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS, RequestMoments
 from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.demo_prometheus import log_path, prometheus_child
@@ -64,6 +68,7 @@ class Options:
     duration: float | None = None
     with_prometheus: bool = False
     prometheus_port: int = 9090
+    schedule: Schedule | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,11 @@ def config(opts: Options) -> Config:
         windows=DEFAULT_WINDOWS,
         proxy=ProxyConfig(f"{base}:{opts.sim_port}", (opts.host, opts.proxy_port), "sim", routes),
         # the published dense-27B figures: ~20 GB read per token, 1.7 TB/s -> ~85 tok/s ceiling
-        models=(ModelConfig(MODEL, K, step_cost, 1 / STEP_TIME.plain(1), 20e9, 1.7e12, curve),),
+        models=(
+            ModelConfig(
+                MODEL, K, step_cost, 1 / STEP_TIME.plain(1), 20e9, 1.7e12, curve, opts.schedule
+            ),
+        ),
     )
 
 
@@ -179,6 +188,32 @@ def _span(seconds: float) -> str:
     return f"{whole // 60}m" if whole % 60 == 0 and whole else f"{whole}s"
 
 
+Steps = dict[tuple[str, str, str], int]  # (route, model, draft length) -> decode steps
+
+
+def schedule_line(schedule: Schedule, running: float | None, steps: Steps, before: Steps) -> str:
+    """The schedule's band at the engine's mean batch and its k, and each workload's drafts
+    per decode step since the last line (`specdec_route_steps_total`'s increase, plain steps
+    counted as 0): equal where the schedule is in effect."""
+    if running is None:
+        return f"{'schedule':<13} no batch seen yet"
+    start, end, k = schedule.band(running)
+    parts = []
+    for load in WORKLOADS:
+        made = {
+            int(length): n - before.get((route, model, length), 0)
+            for (route, model, length), n in steps.items()
+            if route == load.route
+        }
+        count = sum(made.values())
+        drafts = sum(length * n for length, n in made.items()) / count if count else None
+        parts.append(f"{load.route} " + ("-" if drafts is None else f"{drafts:.2f}"))
+    return (
+        f"{'schedule':<13} batch {running:.1f} in band {start}-{end}: k = {k}; drafts per step "
+        f"since the last line: {', '.join(parts)}"
+    )
+
+
 def engine_line(sidecar: Sidecar) -> str:
     state, now = sidecar.targets[0], time.monotonic()
     window = state.history.windows[0]
@@ -193,8 +228,10 @@ def engine_line(sidecar: Sidecar) -> str:
 
 
 async def run(opts: Options) -> None:
-    engine = SimEngine(MODEL, speed=opts.speed)
-    runner = web.AppRunner(build_app(engine, "summary"), access_log=None)
+    engine = SimEngine(MODEL, speed=opts.speed, schedule=opts.schedule)
+    # a schedule mixes draft lengths within a request: only vLLM's `detailed` level splits them
+    level = "summary" if opts.schedule is None else "detailed"
+    runner = web.AppRunner(build_app(engine, level), access_log=None)
     await runner.setup()
     sidecar = Sidecar(config(opts))
     task = asyncio.current_task()
@@ -245,6 +282,7 @@ async def _report(
         ]
         try:
             started = time.monotonic()
+            seen: Steps = {}
             while opts.duration is None or time.monotonic() - started < opts.duration:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), opts.report_every)
@@ -254,9 +292,13 @@ async def _report(
                 now = time.monotonic()
                 state = sidecar.targets[0]
                 running = state.mean_running(state.history.windows[0], now, partial=True)
+                acc = sidecar.proxy.accounting
                 for load in WORKLOADS:
-                    line = route_line(sidecar.proxy.accounting, load.route, now, running.get(MODEL))
-                    print(line)
+                    print(route_line(acc, load.route, now, running.get(MODEL)))
+                if opts.schedule is not None:
+                    steps = dict(acc.steps_by_length)
+                    print(schedule_line(opts.schedule, running.get(MODEL), steps, seen))
+                    seen = steps
                 print(
                     engine_line(sidecar)
                     + (f"  failed requests {failures[0]}" if failures[0] else ""),

@@ -99,6 +99,21 @@ def decode_ceiling() -> str:
 # --- per route -------------------------------------------------------------------------
 
 
+def route_draft_length_in_effect() -> str:
+    """Drafts per decode step per route (a plain step counts 0): the draft length in effect,
+    which under a schedule moves with the batch (`specdec_route_steps_total`, issue 37)."""
+    labels = ("route", "model_name")
+    return ratio(
+        sum_rate("specdec_route_draft_tokens_total", RATE, labels, RAW_ROUTE),
+        sum_rate("specdec_route_steps_total", RATE, labels, RAW_ROUTE),
+    )
+
+
+def scheduled_draft_length() -> str:
+    """The k the model's configured schedule gives at the engine's batch now."""
+    return f"max by (model_name) (specdec_engine_scheduled_draft_length{{{RAW_MODEL}}})"
+
+
 def route_speedup_at_draft_length(figure: str = "ratio") -> str:
     """The sidecar's speedup at each draft length 0..k (or its half-width), 5m window."""
     return full_window(

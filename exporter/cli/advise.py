@@ -28,6 +28,7 @@ from exporter.core.payoff import (
     speedups_by_draft_length,
     step_seconds,
 )
+from exporter.core.schedule import BadSchedule, Schedule
 
 EXIT_NO_DATA = 1
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -181,9 +182,12 @@ def advise(page: Page, window: str) -> tuple[dict[str, Any], str | None]:
         "dynamic_speculative_decoding": schedules,
         "assumes": [
             "the speedup is against a plain engine running the same batch (closed-loop clients)",
-            "a step's seconds are linear in the draft length between a plain step and the "
-            "observed one at the configured k",
-            "acceptance at positions beyond the configured k is unknown: k is not raised",
+            "a step's seconds are linear in the draft length from the one-draft step where "
+            "measure measured it (llama.cpp), else from a plain step, to the observed one at "
+            "the configured k",
+            "a route's options stop at the configured k where its per-position acceptance is "
+            "its own (vLLM, SGLang: nothing is known past k); a llama.cpp route's modelled "
+            "profile goes 2 past it; the batch-size schedule never raises k",
             "the schedule uses the engine's per-position acceptance over the window: today's "
             "route mix",
         ],
@@ -255,14 +259,38 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
         }
         chosen = best_draft_length(options)
         best_k[b] = chosen.draft_length if chosen else k
+    advised = _ranges(best_k)
     return {
         "speculative_config": {
             "num_speculative_tokens": k,
-            "num_speculative_tokens_per_batch_size": _ranges(best_k),
+            "num_speculative_tokens_per_batch_size": advised,
         },
+        "configured": _configured(page, model, advised),
         "acceptance_rate_per_pos": list(per_position),
         "step_seconds_by_batch": seconds,
     }
+
+
+def _configured(page: Page, model: str, advised: list[list[int]]) -> dict[str, Any] | None:
+    """The schedule the sidecar's config says the engine runs (its `draft_length_schedule`),
+    and whether it gives the advised k at every batch the advice covers (None: none
+    configured)."""
+    ranges = sorted(
+        [int(lb["first_batch"]), int(lb["last_batch"]), int(v)]
+        for lb, v in page.get("specdec_model_schedule_range_draft_length", model_name=model)
+    )
+    if not ranges:
+        return None
+    try:
+        configured = Schedule.parse(ranges)
+    except BadSchedule:
+        return None
+    wanted = Schedule.parse(advised)
+    differ = [
+        b for b in range(1, BATCHES[-1] + 1) if configured.draft_length(b) != wanted.draft_length(b)
+    ]
+    return {"num_speculative_tokens_per_batch_size": ranges, "matches": not differ,
+            "first_batch_differing": differ[0] if differ else None}  # fmt: skip
 
 
 def _ranges(best: dict[int, int]) -> list[list[int]]:
@@ -316,5 +344,14 @@ def to_text(advice: dict[str, Any]) -> str:
             "holds above the last range; ignored with data parallel > 1):"
         )
         lines.append("  " + json.dumps(config))
+        mine = sched.get("configured")
+        if mine is not None:
+            said = json.dumps(mine["num_speculative_tokens_per_batch_size"])
+            lines.append(
+                f"  the config's draft_length_schedule {said} already matches this"
+                if mine["matches"]
+                else f"  the config's draft_length_schedule {said} differs from this from batch "
+                f"{mine['first_batch_differing']} on"
+            )
     lines.append("\nassumes: " + "; ".join(advice["assumes"]))
     return "\n".join(lines)

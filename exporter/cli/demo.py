@@ -9,6 +9,7 @@ from pathlib import Path
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, AddVerb
+from exporter.core.schedule import BadSchedule, Schedule
 from exporter.process import AddressInUse, check_free
 
 
@@ -72,6 +73,13 @@ def register(add_verb: AddVerb) -> None:
         default=9090,
         help="port for --with-prometheus (default 9090)",
     )
+    p.add_argument(
+        "--schedule",
+        metavar="JSON",
+        help="run a dynamic speculative decoding schedule on the simulator and in the sidecar's "
+        "config (vLLM's num_speculative_tokens_per_batch_size, as `specdec advise` prints it, "
+        "e.g. '[[1,3,3],[4,15,2],[16,256,0]]'), and print the k in effect per workload",
+    )
     p.set_defaults(run=run)
 
 
@@ -91,6 +99,13 @@ def run(args: argparse.Namespace) -> int:
     from exporter.demo_prometheus import ChildFailed
 
     logs.setup("warning")
+    schedule = None
+    if args.schedule is not None:
+        try:
+            schedule = Schedule.parse(args.schedule)
+        except BadSchedule as exc:
+            print(f"specdec demo: --schedule: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     options = demo.Options(
         host=args.host,
         sim_port=args.sim_port,
@@ -102,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         duration=args.duration,
         with_prometheus=args.with_prometheus,
         prometheus_port=args.prometheus_port,
+        schedule=schedule,
     )
     for flag, value, ok, want in (
         ("--speed", options.speed, options.speed > 0, "> 0"),

@@ -47,12 +47,14 @@ class Schedule:
             expected = end + 1
         return cls(tuple(ranges))
 
+    def band(self, batch: float) -> tuple[int, int, int]:
+        """The range a batch of `batch` running requests falls in (below 1: the first; above
+        the last: the last, whose k holds there)."""
+        return next((r for r in self.ranges if batch <= r[1]), self.ranges[-1])
+
     def draft_length(self, batch: float) -> int:
-        """k at a batch of `batch` running requests (below 1: the first range's)."""
-        for _, end, k in self.ranges:
-            if batch <= end:
-                return k
-        return self.ranges[-1][2]
+        """k at a batch of `batch` running requests."""
+        return self.band(batch)[2]
 
     def bands(self) -> Mapping[str, int]:
         """`start-end` -> k, the dashboard's and the demo's band names."""

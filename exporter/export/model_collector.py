@@ -55,7 +55,17 @@ class ModelCollector(FamiliesCollector):
             )
             for kind in ("plain", "verify")
         }
+        schedule = GaugeMetricFamily(
+            "specdec_model_schedule_range_draft_length",
+            "The draft length the model's configured draft_length_schedule (vLLM's "
+            "num_speculative_tokens_per_batch_size) gives for batches first_batch..last_batch: "
+            "what `specdec advise` compares its advice with.",
+            labels=["model_name", "first_batch", "last_batch"],
+        )
         for name, m in sorted(self.models.items()):
+            if m.draft_length_schedule is not None:
+                for first, last, k in m.draft_length_schedule.ranges:
+                    schedule.add_metric([name, str(first), str(last)], float(k))
             curve = m.curve
             for kind, (base, slope) in fits.items():
                 line = None if curve is None else curve.fit(verify=kind == "verify")
@@ -71,6 +81,6 @@ class ModelCollector(FamiliesCollector):
                 ceiling.add_metric(
                     [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
                 )
-        yield from (step_cost, drafts_per_step, breakeven, ceiling)
+        yield from (step_cost, drafts_per_step, breakeven, ceiling, schedule)
         for base, slope in fits.values():
             yield from (base, slope)

@@ -38,13 +38,17 @@ def _by_draft_length(
     own where its requests state them (`own_positions`; 0..k, nothing is known past k), else
     (llama.cpp: the engine's positions mix every route) the geometric profile of its own
     acceptance, 0..k + MODELLED_BEYOND (the profile goes on past k: a draft length the engine
-    must be restarted with; on the GPU bench the agent's best was k = 5 at a deployed 3)."""
-    if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts:
+    must be restarted with; on the GPU bench the agent's best was k = 5 at a deployed 3).
+    `k`: the draft length of the steps observed (under a schedule, the one it gives at the
+    batch: 0 leaves nothing to say)."""
+    if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts or k == 0:
         return []
     relative = None
     if interval is not None and interval.estimate > 0:
         relative = interval.halfwidth / interval.estimate
     positions, steps = c.per_position, c.drafts
+    if own_positions and k:  # under a schedule the steps drafted k, not every position
+        positions = positions[:k]
     if not own_positions:
         acceptance = ratios(c).acceptance
         if acceptance is None or not k:
@@ -56,7 +60,7 @@ def _by_draft_length(
         payoff.plain_seconds,
         payoff.step_seconds,
         relative,
-        k=k if k and not own_positions else None,
+        k=k or None,
         one_draft=payoff.one_draft_seconds,
     )
 
@@ -238,12 +242,14 @@ class RouteCollector(FamiliesCollector):
                     exact,
                 )
                 interval = moments.get((route, model), RequestMoments()).interval()
+                batch = running.get(model)
                 options = _by_draft_length(
                     c,
                     payoff,
                     interval,
                     self._own_positions,
-                    None if config is None else config.num_speculative_tokens,
+                    # the k of the steps observed: the schedule's at the batch, where one runs
+                    None if config is None else config.scheduled_draft_length(batch or 1.0),
                 )
                 _add_payoff(f, [route, model, window.label], payoff, options)
             if self.target is not None:

@@ -48,13 +48,16 @@ T = TypeVar("T")
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via *_proxy
 
+# the demo with a schedule that keeps k = 3 at every batch: the schedule's panel has data,
+# and every other figure is what one k gives
 DEMO = """
 import sys
 from exporter import demo, logs
+from exporter.core.schedule import Schedule
 logs.setup("warning")
 demo.main(demo.Options(
     sim_port=int(sys.argv[1]), sidecar_port=int(sys.argv[2]), proxy_port=int(sys.argv[3]),
-    speed=float(sys.argv[4]), report_every=5.0,
+    speed=float(sys.argv[4]), report_every=5.0, schedule=Schedule.parse([[1, 256, 3]]),
 ))
 """
 MODEL = "sim-27b"  # exporter.demo.MODEL

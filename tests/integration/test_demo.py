@@ -189,6 +189,47 @@ def test_a_busy_port_is_one_line_and_exit_2(flag: str) -> None:
     assert done.stdout == ""  # checked before anything started
 
 
+SCHEDULE_LINE = re.compile(
+    r"^schedule\s+batch ([\d.]+) in band (\d+)-(\d+): k = (\d); drafts per step since the last "
+    r"line: voice_chat ([\d.-]+), coding_agent ([\d.-]+)$"
+)
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "schedule", "k"),
+    [(1, "[[1,1,3],[2,7,2],[8,256,0]]", "2"), (6, "[[1,1,3],[2,7,2],[8,256,0]]", "0")],
+)
+def test_the_demo_runs_a_schedule_and_shows_the_k_in_effect(
+    concurrency: int, schedule: str, k: str
+) -> None:
+    """advise -> apply -> verify on a laptop: two clients per workload at concurrency 1 make a
+    batch of about 2 (band 2-7: k = 2), 12 at concurrency 6 (band 8-256: no drafts, 0.00)."""
+    ports = [str(free_port()) for _ in range(3)]
+    done = subprocess.run(
+        specdec("demo", "--sim-port", ports[0], "--sidecar-port", ports[1], "--proxy-port",
+                ports[2], "--speed", "20", "--concurrency", str(concurrency), "--report-every",
+                "2", "--duration", "9", "--schedule", schedule),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [m for line in done.stdout.splitlines() if (m := SCHEDULE_LINE.match(line))]
+    assert len(lines) >= 3, done.stdout
+    for m in lines[1:]:  # the first may hold the ramp-up
+        assert m.group(4) == k, done.stdout
+        # a request alone for a step (its partner between requests) drafts the band-1 k
+        assert abs(float(m.group(5)) - int(k)) < 0.15, done.stdout
+        assert abs(float(m.group(6)) - int(k)) < 0.15, done.stdout
+
+
+def test_a_bad_schedule_is_one_line_and_exit_2() -> None:
+    done = subprocess.run(
+        specdec("demo", "--schedule", "[[2,4,3]]"), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("specdec demo: --schedule: range 1: [2, 4, ...] must start at 1")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 # ---- the README's quick start, verbatim ---------------------------------------------------
 
 

@@ -10,6 +10,11 @@ drifts). Per route, the sidecar's load-aware estimate and its measured speedup a
 5 % of the A/B truth (the route's decode rate with / without speculation at the same
 load, as the clients saw it) and of the simulator's own account (`/admin/truth`: every verify
 step's seconds against a plain step's at the same batch).
+
+Twice: with one k, and with the speculative simulator running a dynamic schedule (vLLM's
+`num_speculative_tokens_per_batch_size`, as `specdec advise` prints it; issue 37): k = 3 at
+c = 1, 2 at c = 8, and no drafts at c = 32, where the payoff is x1.0 (neither a gap nor a
+fake figure) and the models: block carries the schedule.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from tests.helpers import (
 )
 
 LEVELS = (1, 8, 32)
+SCHEDULE = "[[1, 3, 3], [4, 15, 2], [16, 256, 0]]"
 PHASE = 12.0  # seconds of one phase
 WINDOW = 40.0  # the sidecar's window: both speculative phases of a level (spec, plain, spec)
 TOLERANCE = 0.05
@@ -51,6 +57,7 @@ class Rig:
     proxy: str
     metrics: str
     started: float  # when the sidecar came up
+    schedule: str  # the speculative simulator's, "" for one k
 
 
 def curve(spec: str, plain: str, tmp: Path) -> list[dict[str, float]]:
@@ -77,7 +84,9 @@ def curve(spec: str, plain: str, tmp: Path) -> list[dict[str, float]]:
     return levels
 
 
-def config(tmp: Path, spec_port: int, proxy_port: int, levels: list[dict[str, float]]) -> Path:
+def config(
+    tmp: Path, spec_port: int, proxy_port: int, levels: list[dict[str, float]], schedule: str
+) -> Path:
     points = "\n".join(
         f"      - {{running: {r['running']}, plain_seconds: {r['plain_seconds']}, "
         f"verify_seconds: {r['verify_seconds']}}}"
@@ -103,19 +112,21 @@ models:
     step_cost_ratio: {levels[0]["verify_seconds"] / levels[0]["plain_seconds"]:.3f}
     step_time:
 {points}
-"""
+""" + (f"    draft_length_schedule: {schedule}\n" if schedule else "")
     path = tmp / "specdec.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+@pytest.fixture(scope="module", params=["", SCHEDULE], ids=["one-k", "schedule"])
+def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    schedule: str = request.param
     tmp = tmp_path_factory.mktemp("payoff")
     spec_port, plain_port, proxy_port, side_port = (free_port() for _ in range(4))
     spec, plain = f"http://127.0.0.1:{spec_port}", f"http://127.0.0.1:{plain_port}"
+    scheduled = ("--schedule", schedule) if schedule else ()
     with (
-        child(specdec("sim", "--listen", f"127.0.0.1:{spec_port}"), tmp / "spec.log"),
+        child(specdec("sim", "--listen", f"127.0.0.1:{spec_port}", *scheduled), tmp / "spec.log"),
         child(
             specdec("sim", "--listen", f"127.0.0.1:{plain_port}", "--num-speculative-tokens", "0"),
             tmp / "plain.log",
@@ -123,12 +134,13 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     ):
         for url in (spec, plain):
             wait_for(lambda u=url: http_get(u + "/v1/models"), what=f"{url} up")
-        path = config(tmp, spec_port, proxy_port, curve(spec, plain, tmp))
+        path = config(tmp, spec_port, proxy_port, curve(spec, plain, tmp), schedule)
         serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
         with child(serve, tmp / "serve.log"):
             metrics = f"http://127.0.0.1:{side_port}/metrics"
             wait_for(lambda: http_get(metrics), what="the sidecar up")
-            yield Rig(spec, plain, f"http://127.0.0.1:{proxy_port}", metrics, time.monotonic())
+            started = time.monotonic()
+            yield Rig(spec, plain, f"http://127.0.0.1:{proxy_port}", metrics, started, schedule)
 
 
 def truth(url: str) -> dict[str, dict[str, float]]:
@@ -168,6 +180,26 @@ def test_the_payoff_at_load_agrees_with_the_ab_truth(rig: Rig, concurrency: int)
         assert estimated is not None and measured is not None, (route, c)
         for name, figure in (("estimated", estimated), ("measured", measured), ("sim", sim)):
             assert figure == pytest.approx(ab, rel=TOLERANCE), (route, c, name, report)
+    if rig.schedule:  # the options by draft length are for the k the schedule runs here
+        k = {1: 3, 8: 2, 32: 0}[concurrency]
+        for route, *_, estimated, _ in report:
+            labels = {"route": route, "model_name": "sim-27b", "window": f"{WINDOW:.0f}s"}
+            options = {
+                int(dict(key)["draft_length"]): v
+                for (name, key), v in page.items()
+                if name == "specdec_route_speedup_at_draft_length_ratio"
+                and labels.items() <= dict(key).items()
+            }
+            # k = 0: plain steps only, no acceptance to build options on (nothing, not 1.0s)
+            assert sorted(options) == (list(range(k + 1)) if k else []), (route, options)
+            if k:  # the observed steps' k: its option is the route's speedup
+                assert options[k] == pytest.approx(estimated, rel=0.02), (route, options)
+    if rig.schedule and concurrency == 32:  # the schedule's k = 0: plain steps, x1.0
+        for route, _, ab, _, estimated, measured in report:
+            assert ab == pytest.approx(1.0, rel=TOLERANCE), (route, report)
+            assert estimated == pytest.approx(1.0, rel=TOLERANCE), (route, report)
+            assert measured == pytest.approx(1.0, rel=TOLERANCE), (route, report)
+        return
     if concurrency == 32:  # at a large batch the low-acceptance route loses
         voice = next(r for r in report if r[0] == "voice_chat")
         assert voice[2] < 1.0 and voice[4] < 1.0, report

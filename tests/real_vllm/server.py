@@ -178,6 +178,7 @@ class VllmServer(LocalServer):
         extra_args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
         startup_timeout: float = 240.0,
+        spec_config: dict[str, Any] | None = None,
     ) -> None:
         """`cache_root` (VLLM_CACHE_ROOT) persists if given. `eager` skips torch.compile:
         same outputs, ~15-30 s faster start (0.32's AOT compile cache fails to load on CPU)."""
@@ -188,6 +189,7 @@ class VllmServer(LocalServer):
         self.cache_root = cache_root or self.workdir / "vllm-cache"
         self.eager, self.extra_args, self.extra_env = eager, extra_args, extra_env or {}
         self.startup_timeout = startup_timeout
+        self.spec_config = SPEC_CONFIG if spec_config is None else spec_config
         self.log_path = self.workdir / "vllm.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_seconds = 0.0
@@ -218,7 +220,7 @@ class VllmServer(LocalServer):
         if self.eager:
             cmd.append("--enforce-eager")
         if self.spec:
-            cmd += ["--speculative-config", json.dumps(SPEC_CONFIG)]
+            cmd += ["--speculative-config", json.dumps(self.spec_config)]
             if self.per_request:
                 cmd += ["--per-request-spec-decode-metrics", self.per_request]
         return cmd + list(self.extra_args)

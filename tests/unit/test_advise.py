@@ -9,7 +9,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 
-from exporter.cli.advise import Page, _ranges, advise, read_prometheus
+from exporter.cli.advise import Page, _ranges, advise, read_prometheus, to_text
 from tests.helpers import free_port, specdec
 
 
@@ -55,6 +55,34 @@ def test_the_advice_per_route_and_the_schedule() -> None:
     assert ks[0] >= 2 and ks[-1] == 0
     seconds = schedule["step_seconds_by_batch"]
     assert seconds[1][0] == 0.98 / 72 + 0.02 / 72 and seconds[1][3] == 1.67 / 72 + 0.11 / 72
+
+
+def test_advise_says_whether_the_configured_schedule_matches() -> None:
+    """Advise, apply, verify: once the advice is in the config's draft_length_schedule (the
+    sidecar exports it by range), advise says it matches; a config that differs is named with
+    the first batch where it does."""
+    p = page()
+    advised = advise(p, "5m")[0]["dynamic_speculative_decoding"]["m"]
+    assert advised["configured"] is None  # nothing configured: nothing to compare
+    ranges = advised["speculative_config"]["num_speculative_tokens_per_batch_size"]
+    for first, last, k in ranges:
+        p.samples["specdec_model_schedule_range_draft_length"].append(
+            ({"model_name": "m", "first_batch": str(first), "last_batch": str(last)}, float(k))
+        )
+    advice = advise(p, "5m")[0]
+    mine = advice["dynamic_speculative_decoding"]["m"]["configured"]
+    assert mine == {"num_speculative_tokens_per_batch_size": ranges, "matches": True,
+                    "first_batch_differing": None}  # fmt: skip
+    assert "draft_length_schedule " + json.dumps(ranges) + " already matches this" in to_text(
+        advice
+    )
+    other = page()
+    other.samples["specdec_model_schedule_range_draft_length"].append(
+        ({"model_name": "m", "first_batch": "1", "last_batch": "256"}, 3.0)
+    )
+    mine = advise(other, "5m")[0]["dynamic_speculative_decoding"]["m"]["configured"]
+    assert not mine["matches"]
+    assert mine["first_batch_differing"] == next(a for a, _, k in ranges if k != 3)
 
 
 def test_no_curve_and_no_traffic_are_said() -> None:
