@@ -30,6 +30,7 @@ import pytest
 from bench.gpu import build as gpu_build
 from exporter.config import Config, ModelConfig, ProxyConfig, StepTimePoint, Target, load
 from exporter.core.windows import Window
+from exporter.export.route_collector import MODELLED_BEYOND
 from exporter.sidecar import Sidecar
 from tests.helpers import eventually, free_port, samples, scenario_pack, specdec
 from tests.real_llamacpp.server import LlamaServer, ensure_model, ensure_server
@@ -356,7 +357,8 @@ async def test_llamacpp_routes_get_the_load_aware_payoff_and_options_per_k(
 ) -> None:
     """Through the proxy, each route's decode steps are exact (its timings' accepted drafts),
     so its estimated speedup is its decode rate x the curve's plain step at the batch (the
-    measured one, to rounding), and each draft length 0..k has a figure per route."""
+    measured one, to rounding), and each draft length 0..k + 2 has a figure per route (its
+    profile is modelled, geometric, and goes on past k: docs/metrics.md)."""
     curve = (StepTimePoint(1.0, 0.001, 0.003), StepTimePoint(4.0, 0.002, 0.006))
     models = (ModelConfig("tiny", 3, 3.0, step_time=curve),)
     async with sidecar(server, Window("5s", 5.0), models) as (proxy, metrics):
@@ -379,7 +381,7 @@ async def test_llamacpp_routes_get_the_load_aware_payoff_and_options_per_k(
             if name == "specdec_route_speedup_at_draft_length_ratio"
             and dict(labels)["route"] == route
         }
-        assert lengths == {"0", "1", "2", "3"}
+        assert lengths == {str(k) for k in range(3 + MODELLED_BEYOND + 1)}
 
 
 def test_the_gpu_benchs_patch_applies_to_this_llamacpp(server: LlamaServer, tmp_path: Path) -> None:
