@@ -16,8 +16,10 @@ speculative server (docs/BENCHMARKS.md §11 has the figures and the exact comman
            through it -> the sidecar's estimated and measured speedups, best draft length and
            `specdec advise`; at --alone levels each route alone on the engine too (load vs
            mixing);
-4. sweep   the true best draft length: per route alone, the A/B at k = 0..--sweep-k at each
-           --sweep-levels (k = 0: the plain server).
+4. sweep   the true best draft length: the A/B at k = 0..--sweep-k at each --sweep-levels
+           (k = 0: the plain server), the routes together on the engine (what the sidecar's
+           options say; with ab, in the same run: two starts of a server differ) and/or each
+           alone (--sweep-mix).
 
 Everything lands in --out (results.json after each step, the sidecar's pages, logs) and one
 table is printed. `--cpu` runs the same logic on CI's tiny model with a CPU build (no GPU).
@@ -47,8 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu import build as builder
 from bench.gpu import product
+from bench.gpu import sweep as sweeping
 from bench.gpu.models import write_models
-from bench.gpu.rounds import Rate, Round, best, settled, verdict, within
+from bench.gpu.rounds import Rate, Round, settled, verdict, within
 from bench.gpu.servers import Launch, Server, command, running
 from bench.gpu.table import report
 from bench.gpu.traffic import ROUTES, VOICE, Route, idle, phase
@@ -222,48 +225,29 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
 
 
 def run_sweep(run: Run, sweep: Server, plain: Server, args: argparse.Namespace) -> None:
-    """Per route alone, per level: the A/B at k = 0..K in two rounds (ascending, then
-    descending k: drift cancels), each k's rate over k = 0's of the same round."""
+    """Per level and --sweep-mix, the A/B at k = 0..K (bench/gpu/sweep.py): the routes
+    together (`mixed`) or each alone, two rounds, ascending then descending k."""
     ks = list(range(args.sweep_k + 1))
     for c in args.sweep_levels:
-        for route in ROUTES:
-            rounds: list[dict[int, Rate]] = []
-            for order in (ks, ks[::-1]):
-                rates: dict[int, Rate] = {}
-                for k in order:
-                    server = plain if k == 0 else sweep
-                    asyncio.run(idle(server.metrics_url))
-                    found, _ = asyncio.run(
-                        phase(server.base_url, [route], c, args.sweep_phase, k=k or None)
-                    )
-                    rates[k] = found[route.name]
-                rounds.append(rates)
-            per_round = [{k: _ratio(r[k], r[0]) for k in ks} for r in rounds]
-            pooled = {k: sum((r[k] for r in rounds), Rate()) for k in ks}
-            speedup = {k: _ratio(pooled[k], pooled[0]) for k in ks}
-            top = best(speedup)
-            entry = {
-                "concurrency": c,
-                "route": route.name,
-                "speedup": speedup,
-                "rounds": per_round,
-                "best": None if top is None else top[0],
-                "lead": None if top is None else top[1],
-                "round_spread": {
-                    k: abs(a / b - 1) if (a := per_round[0][k]) and (b := per_round[1][k]) else None
-                    for k in ks
-                },
-            }
-            run.data["sweep"].append(entry)
-            run.save()
-            run.log(f"  sweep {route.name} c={c}: "
-                    + " ".join(f"k={k} x{speedup[k] or 0:.3f}" for k in ks))  # fmt: skip
-
-
-def _ratio(rate: Rate, reference: Rate) -> float | None:
-    """rate / reference per second; None when either decoded nothing (no figure, not 0)."""
-    a, b = rate.per_second, reference.per_second
-    return a / b if a is not None and b else None
+        for mix in args.sweep_mix:
+            for routes in [ROUTES] if mix == "mixed" else [[r] for r in ROUTES]:
+                rounds: list[dict[int, dict[str, Rate]]] = []
+                for order in (ks, ks[::-1]):
+                    rates: dict[int, dict[str, Rate]] = {}
+                    for k in order:
+                        server = plain if k == 0 else sweep
+                        asyncio.run(idle(server.metrics_url))
+                        rates[k], _ = asyncio.run(
+                            phase(server.base_url, routes, c, args.sweep_phase, k=k or None)
+                        )
+                    rounds.append(rates)
+                for route in routes:
+                    mine = [{k: r[k][route.name] for k in ks} for r in rounds]
+                    found = sweeping.entry(c, route.name, mix, mine)
+                    run.data["sweep"].append(found)
+                    run.save()
+                    figures = " ".join(f"k={k} x{found['speedup'][k] or 0:.3f}" for k in ks)
+                    run.log(f"  sweep {mix} {route.name} c={c}: {figures}")
 
 
 def main() -> int:
@@ -285,6 +269,8 @@ def main() -> int:
     ap.add_argument("--sweep-levels", default="1,16")
     ap.add_argument("--sweep-k", type=int, default=5)
     ap.add_argument("--sweep-phase", type=float, default=6.0)
+    ap.add_argument("--sweep-mix", default="mixed",
+                    help="mixed (the routes together), alone (each alone), or both")  # fmt: skip
     ap.add_argument("--parallel", type=int, default=32, help="server slots (>= the top level)")
     ap.add_argument("--ctx", type=int, default=32768)
     ap.add_argument("--kv-unified", action="store_true",
@@ -296,6 +282,11 @@ def main() -> int:
     steps = set(args.steps.split(","))
     if not steps <= set(STEPS):
         print(f"gpu_payoff: --steps takes {','.join(STEPS)}, got {args.steps!r}", file=sys.stderr)
+        return 2
+    args.sweep_mix = [m for m in args.sweep_mix.split(",") if m]
+    if not set(args.sweep_mix) <= set(sweeping.MIXES):
+        print(f"gpu_payoff: --sweep-mix takes {','.join(sweeping.MIXES)}, got "
+              f"{','.join(args.sweep_mix)!r}", file=sys.stderr)  # fmt: skip
         return 2
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     args.levels, args.alone = ints(args.levels), ints(args.alone)

@@ -1,4 +1,4 @@
-"""The A/B's rules, as pure functions (unit-tested in bench/tests/test_gpu_rounds.py).
+"""The A/B's rules, as pure functions (unit-tested in bench/tests/test_gpu_harness.py).
 
 One round is a speculative phase and a plain phase of the same closed-loop traffic, run one
 after the other (phases alternate: spec, plain, spec, plain, ...). A route's A/B in a round is

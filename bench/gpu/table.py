@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.gpu.sweep import judged
 from exporter.core.table import aligned
 
 
@@ -72,42 +73,63 @@ def report(data: dict[str, Any]) -> str:
                 if f["pair"] is None:
                     lines.append(f"  c={level['concurrency']} {route}: no two rounds agreed")
     if data.get("sweep"):
-        ks = sorted({int(k) for s in data["sweep"] for k in s["speedup"]})
-        sidecar = _sidecar_best(data)
-        rows = [["level", "route", *(f"k={k}" for k in ks), "true best (lead)",
-                 "sidecar best", "advise"]]  # fmt: skip
-        for s in data["sweep"]:
-            c, route = s["concurrency"], s["route"]
-            seen = sidecar.get((c, route), ("-", "-"))
-            rows.append([
-                str(c), route, *(_f(s["speedup"][k]) for k in _keys(s["speedup"], ks)),
-                f"{s['best']} ({s['lead']:+.1%})" if s["best"] is not None else "-",
-                seen[0], seen[1],
-            ])  # fmt: skip
-        lines.append(
-            "\nThe true best draft length: the A/B at each k, the route alone (k=0: plain)"
-        )
-        lines += aligned(rows)
+        lines += _sweep_lines(data)
     return "\n".join(lines)
 
 
-def _keys(speedup: dict[Any, float], ks: list[int]) -> list[Any]:
-    """The sweep's keys in order (ints in memory, strings once through JSON)."""
-    return [k if k in speedup else str(k) for k in ks]
+def _sweep_lines(data: dict[str, Any]) -> list[str]:
+    """The sweep per level, route and mix; under a mixed row the sidecar's options by draft
+    length in the mixed A/B at that level, and its best k judged against the true one."""
+    ks = sorted({int(k) for s in data["sweep"] for k in s["speedup"]})
+    seen = _sidecar(data)
+    deployed = int(data.get("args", {}).get("k", 0) or 0)
+    rows = [["level", "route", "mix", *(f"k={k}" for k in ks), "true best (lead)",
+             "sidecar best", "advise", "judged"]]  # fmt: skip
+    notes = []
+    for s in data["sweep"]:
+        c, route, mix = s["concurrency"], s["route"], s.get("mix", "alone")
+        speedup = {int(k): v for k, v in s["speedup"].items()}
+        mine = seen.get((c, route)) if mix == "mixed" else None
+        rows.append([
+            str(c), route, mix, *(_f(speedup.get(k)) for k in ks),
+            f"{s['best']} ({s['lead']:+.1%})" if s["best"] is not None else "-",
+            "-" if mine is None else _said(mine["said"]),
+            "-" if mine is None else mine["advise"],
+            "-" if mine is None else judged(speedup, mine["said"]),
+        ])  # fmt: skip
+        if mine is not None:
+            rows.append(["", "", "sidecar", *(_f(mine["options"].get(k)) for k in ks),
+                         "", "", "", ""])  # fmt: skip
+            truth, swept = mine["truth"], speedup.get(deployed)
+            if truth and swept:
+                notes.append(f"  c={c} {route}: the sweep's k={deployed} x{swept:.3f} against the "
+                             f"A/B's x{truth:.3f} ({swept / truth - 1:+.1%})")  # fmt: skip
+    return [
+        "\nThe true best draft length: the A/B at each k (k=0: plain), the routes together "
+        "(mixed) or alone; under each mixed row the sidecar's options in the mixed A/B",
+        *aligned(rows),
+        *notes,
+    ]
 
 
-def _sidecar_best(data: dict[str, Any]) -> dict[tuple[int, str], tuple[str, str]]:
-    """(level, route) -> (the sidecar's best draft length in the mixed A/B, advise's)."""
+def _said(said: list[int | None]) -> str:
+    """The sidecar's readings of the best k, in order ("tie": the top two within its error)."""
+    return "/".join("tie" if k is None else str(k) for k in said) or "-"
+
+
+def _sidecar(data: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
+    """(level, route) -> what the sidecar said in the mixed A/B: its best-k readings, its
+    options by draft length, advise's best k, and the A/B truth."""
     out = {}
     for level in data.get("levels", []):
         advice = level.get("advise") or {}
         by_route = {r["route"]: r.get("best_draft_length") for r in advice.get("routes", [])}
         for route, f in level["routes"].items():
-            best = sorted({b for b in f["best_draft_length"] if b is not None})
-            out[(level["concurrency"], route)] = (
-                ",".join(map(str, best)) or "tie",
-                "-"
-                if route not in by_route
-                else str(by_route[route] if by_route[route] is not None else "tie"),
-            )
+            told = by_route.get(route, "-")
+            out[(level["concurrency"], route)] = {
+                "said": f["best_draft_length"],
+                "options": {int(k): v for k, v in f.get("by_draft_length", {}).items()},
+                "advise": "tie" if told is None else str(told),
+                "truth": f["truth"],
+            }
     return out

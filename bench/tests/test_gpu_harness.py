@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import build, product, table
+from bench.gpu import build, product, sweep, table
 from bench.gpu.rounds import (
     Rate,
     Round,
@@ -230,16 +230,19 @@ def test_the_table_shows_truth_sidecar_and_sweep() -> None:
         "measured": 1.13,
         "tokens_per_step": 2.07,
         "batch": 1.0,
+        "by_draft_length": {1: 1.21, 2: 1.14},
         "best_draft_length": [1, 1],
     }
     data = {
+        "args": {"k": "2"},
         "levels": [{"concurrency": 1, "routes": {"voice_chat": route}}],
         "alone": [],
         "sweep": [
             {
                 "concurrency": 1,
                 "route": "voice_chat",
-                "speedup": {"0": 1.0, "1": 1.2, "2": 1.15},
+                "mix": "mixed",
+                "speedup": {0: 1.0, 1: 1.2, 2: 1.15},
                 "best": 1,
                 "lead": 0.043,
             }
@@ -249,24 +252,75 @@ def test_the_table_shows_truth_sidecar_and_sweep() -> None:
     assert "x1.100" in text and "[1.090] 1.300 [1.110]" in text and "+1.8%" in text
     assert "round 2: its plain phase" in text
     assert "1 (+4.3%)" in text
-    sweep = text.splitlines()[-1].split()
-    assert sweep[:5] == ["1", "voice_chat", "1.000", "1.200", "1.150"]
-    assert sweep[-2:] == ["1", "-"]  # the sidecar's best k beside; no advise recorded
+    lines = text.splitlines()
+    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    assert row[:6] == ["1", "voice_chat", "mixed", "1.000", "1.200", "1.150"]
+    assert row[-3:] == ["1/1", "-", "met"]  # two readings of 1; no advise recorded; judged
+    options = next(x.split() for x in lines if x.lstrip().startswith("sidecar"))
+    assert options == ["sidecar", "-", "1.210", "1.140"]  # no k = 0 option: the plain engine
+    # the sweep's k = 2 (the deployed k) against the mixed A/B's truth at that level
+    assert "c=1 voice_chat: the sweep's k=2 x1.150 against the A/B's x1.100 (+4.5%)" in text
 
 
-def test_the_harness_refuses_an_unknown_step(tmp_path: Path) -> None:
+def test_a_sweep_pools_its_two_rounds_per_k_over_k0() -> None:
+    def rate(tokens: float) -> Rate:
+        r = Rate()
+        r.add(tokens, 1.0)
+        return r
+
+    up = {0: rate(100), 1: rate(110), 2: rate(130)}
+    down = {0: rate(80), 1: rate(100), 2: rate(100)}  # the engine slower in the second round
+    found = sweep.entry(16, "coding_agent", "mixed", [up, down])
+    assert found["rounds"] == [{0: 1.0, 1: 1.1, 2: 1.3}, {0: 1.0, 1: 1.25, 2: 1.25}]
+    assert found["speedup"] == {0: 1.0, 1: pytest.approx(210 / 180), 2: pytest.approx(230 / 180)}
+    assert found["best"] == 2 and found["lead"] == pytest.approx(230 / 210 - 1)
+    assert (found["concurrency"], found["route"], found["mix"]) == (16, "coding_agent", "mixed")
+
+
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        ([2, 2], "met"),
+        ([None], "met: tie"),  # the truth's top two within 5 %: 1.20 / 1.17
+        ([1, 2], "met / within error"),  # k = 1 is 2.6 % under the best
+        ([3], "missed (1 of 1)"),
+        ([2, 0], "missed (1 of 2)"),
+        ([], "-"),
+    ],
+)
+def test_the_sidecars_best_k_is_judged_against_the_truth(
+    said: list[int | None], expected: str
+) -> None:
+    speedup = {0: 1.0, 1: 1.17, 2: 1.20, 3: 1.05}
+    assert sweep.judged(speedup, said) == expected
+
+
+def test_a_tie_is_missed_where_the_truth_leads_by_more_than_5_percent() -> None:
+    assert sweep.judged({0: 1.0, 1: 0.83, 2: 0.70}, [None, 0]) == "missed (1 of 2)"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--steps", "ab,nope"], "--steps takes build,models,ab,sweep"),
+        (["--sweep-mix", "mixed,both"], "--sweep-mix takes mixed,alone, got 'mixed,both'"),
+    ],
+)
+def test_the_harness_refuses_an_unknown_step_or_mix(
+    tmp_path: Path, flags: list[str], said: str
+) -> None:
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "bench/gpu_payoff.py", "--steps", "ab,nope", "--out", str(tmp_path)],
+        [sys.executable, "bench/gpu_payoff.py", *flags, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
         timeout=60,
     )
     assert out.returncode == 2
-    assert "--steps takes build,models,ab,sweep" in out.stderr
+    assert said in out.stderr and len(out.stderr.splitlines()) == 1
 
 
 GPU = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu"

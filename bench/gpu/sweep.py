@@ -1,0 +1,72 @@
+"""The true best draft length, as pure functions (unit-tested in bench/tests/test_gpu_harness.py).
+
+At one level, the A/B at k = 0..K in two rounds (ascending, then descending k: a drift over
+the rounds cancels), each k's rate over k = 0's (the plain server), the rounds pooled.
+`mixed`: the routes together on the engine, every request at k, which is what the sidecar's
+options by draft length say (the whole batch at k, on the engine the routes share); `alone`:
+each route alone, load without mixing. On the H200 the engine's step costs moved up to 10 %
+between two starts of the same server (docs/BENCHMARKS.md §11, runs 11-14), so the truth the
+sidecar is held to is the mixed sweep of its own run, on its own servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.gpu.rounds import TOLERANCE, Rate, best
+
+MIXES = ("mixed", "alone")
+
+
+def _ratio(rate: Rate, reference: Rate) -> float | None:
+    """rate / reference per second; None when either decoded nothing (no figure, not 0)."""
+    a, b = rate.per_second, reference.per_second
+    return a / b if a is not None and b else None
+
+
+def entry(
+    concurrency: int, route: str, mix: str, rounds: Sequence[Mapping[int, Rate]]
+) -> dict[str, Any]:
+    """One route's sweep at one level: per k its speedup (the rounds pooled), each round's, the
+    true best k and its lead over the runner-up."""
+    ks = sorted(rounds[0])
+    per_round = [{k: _ratio(r[k], r[0]) for k in ks} for r in rounds]
+    pooled = {k: sum((r[k] for r in rounds), Rate()) for k in ks}
+    speedup = {k: _ratio(pooled[k], pooled[0]) for k in ks}
+    top = best(speedup)
+    return {
+        "concurrency": concurrency,
+        "route": route,
+        "mix": mix,
+        "speedup": speedup,
+        "rounds": per_round,
+        "best": None if top is None else top[0],
+        "lead": None if top is None else top[1],
+    }
+
+
+def judged(speedup: Mapping[int, float | None], said: Sequence[int | None]) -> str:
+    """Whether the sidecar's readings of the best draft length (None: it said the top two are
+    within its error) meet the true one: `met` where each names the true best k; `met: tie`
+    where it said tie and the truth's top two are within the A/B's own tolerance (5 %);
+    `within error` where it named a k whose truth is within that tolerance of the best;
+    otherwise `missed`, with the readings that missed."""
+    top = best(speedup)
+    if top is None or not said:
+        return "-"
+    k_best, lead = top
+    figure = speedup[k_best] or 0.0
+    verdicts = []
+    for k in said:
+        if k == k_best:
+            verdicts.append("met")
+        elif k is None:
+            verdicts.append("met: tie" if lead <= TOLERANCE else "missed")
+        else:
+            mine = speedup.get(k)
+            close = mine is not None and figure and 1 - mine / figure <= TOLERANCE
+            verdicts.append("within error" if close else "missed")
+    if "missed" in verdicts:
+        return f"missed ({verdicts.count('missed')} of {len(verdicts)})"
+    return "met" if set(verdicts) == {"met"} else " / ".join(sorted(set(verdicts)))
