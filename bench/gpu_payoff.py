@@ -192,9 +192,7 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
     work = Path(args.work)
     pack = product.scenario_pack(work / "pack.jsonl", ROUTES)
     t0 = time.monotonic()
-    for server in (spec, plain):  # the state the A/B runs in (docs/BENCHMARKS.md §11, run 4)
-        asyncio.run(phase(server.base_url, ROUTES, max(args.levels), args.warm))
-        asyncio.run(idle(server.metrics_url))
+    warm([spec, plain], args)
     printed = product.measure(spec.base_url, plain.base_url, args.levels, pack,
                               run.out / "measure.log")  # fmt: skip
     block = product.models_block(printed)
@@ -224,9 +222,20 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
                 run.save()
 
 
+def warm(servers: Sequence[Server], args: argparse.Namespace) -> None:
+    """--warm seconds of both routes at the top level on each server: llama-server's step time
+    depends on which of its slots have been used (docs/BENCHMARKS.md §11, runs 4 and 15), so
+    every server a figure compares must have the same history."""
+    for server in servers:
+        asyncio.run(phase(server.base_url, ROUTES, max(args.levels), args.warm))
+        asyncio.run(idle(server.metrics_url))
+
+
 def run_sweep(run: Run, sweep: Server, plain: Server, args: argparse.Namespace) -> None:
     """Per level and --sweep-mix, the A/B at k = 0..K (bench/gpu/sweep.py): the routes
-    together (`mixed`) or each alone, two rounds, ascending then descending k."""
+    together (`mixed`) or each alone, two rounds, ascending then descending k; the sweep
+    server warmed as the A/B's were."""
+    warm([sweep, plain], args)
     ks = list(range(args.sweep_k + 1))
     for c in args.sweep_levels:
         for mix in args.sweep_mix:
