@@ -325,8 +325,25 @@ def test_the_harness_refuses_an_unknown_step_or_mix(
 
 GPU = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu"
 CASES = {  # the promtool tests generated from phases recorded on the H200 (BENCHMARKS §11)
-    "gpu_costly_at_load_c32.yml": ("mixed-c32-r1", ["voice_chat", "coding_agent"], [], 32),
-    "gpu_costly_at_load_c1.yml": ("mixed-c1-r1", [], ["voice_chat", "coding_agent"], 1),
+    "gpu_costly_at_load_c32.yml": (
+        "mixed-c32-r1",
+        ["voice_chat", "coding_agent"],
+        [],
+        "§11, c = 32, round 1",
+    ),
+    "gpu_costly_at_load_c1.yml": (
+        "mixed-c1-r1",
+        [],
+        ["voice_chat", "coding_agent"],
+        "§11, c = 1, round 1",
+    ),
+    # one load, one route costing and one paying: voice x0.73, the agent x1.21 (run 17)
+    "gpu_costly_at_load_c16.yml": (
+        "run17-mixed-c16-r2",
+        ["voice_chat"],
+        ["coding_agent"],
+        "§11 run 17, c = 16, round 2",
+    ),
 }
 
 
@@ -336,14 +353,14 @@ def test_the_gpu_promtool_tests_are_what_the_recorded_pages_give(name: str) -> N
     (promtool runs them: tests/integration/test_prometheus_rules.py)."""
     from bench.gpu import promtool_case
 
-    pages, fires, quiet, level = CASES[name]
+    pages, fires, quiet, source = CASES[name]
     made = promtool_case.test_document(
         (GPU / f"{pages}-before.prom").read_text(encoding="utf-8"),
         (GPU / f"{pages}-after.prom").read_text(encoding="utf-8"),
         8,
         fires,
         quiet,
-        f"docs/BENCHMARKS.md §11, c = {level}, round 1",
+        f"docs/BENCHMARKS.md {source}",
         promtool_case.load_curve(GPU / "curve.json"),
     )
     shipped = GPU.parents[2] / "deploy" / "prometheus" / "tests" / name
