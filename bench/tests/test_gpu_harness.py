@@ -393,3 +393,15 @@ def test_a_streams_decode_is_the_servers_token_count_not_its_events() -> None:
     rate = Rate()
     seen.count_into(rate, finished=True)
     assert rate.tokens == 8
+
+
+def test_a_phases_step_cost_is_wall_per_decode_call_from_the_servers_counters() -> None:
+    from bench.gpu.step_cost import step_row
+
+    before = {"llamacpp:n_decode_total": 100.0, "llamacpp:spec_decode_num_drafts_total": 50.0,
+              "llamacpp:spec_decode_num_draft_tokens_total": 150.0}  # fmt: skip
+    after = {"llamacpp:n_decode_total": 400.0, "llamacpp:spec_decode_num_drafts_total": 350.0,
+             "llamacpp:spec_decode_num_draft_tokens_total": 1050.0}  # fmt: skip
+    assert step_row(before, after, 6.0) == {"ms_per_decode": 20.0, "drafted_per_draft": 3.0}
+    plain = {"llamacpp:n_decode_total": 10.0}
+    assert step_row({}, plain, 0.5) == {"ms_per_decode": 50.0, "drafted_per_draft": None}

@@ -1,0 +1,84 @@
+"""The engine's step cost against the draft length, from llama-server's own counters: at each
+level, closed-loop phases of both routes at k = 0..K and back (k = 0: a plain server), each
+phase's wall seconds per target decode call (`llamacpp:n_decode_total`) and drafted tokens per
+draft. What the options by draft length model as linear in k from the one-draft step
+(docs/BENCHMARKS.md §11, run 18).
+
+    python -m bench.gpu.step_cost --server /dev/shm/llama-server --source trimmed.tgz \\
+        --work /dev/shm/sd --levels 16 --k 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import build as builder
+from bench.gpu.models import write_models
+from bench.gpu.servers import Launch, Server, command, running
+from bench.gpu.traffic import ROUTES, VOICE, idle, phase
+
+
+def counters(metrics_url: str) -> dict[str, float]:
+    """The server's `llamacpp:` samples, by name with labels."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        name: float(value)
+        for line in text.splitlines()
+        if line.startswith("llamacpp:") and len(parts := line.split()) >= 2
+        for name, value in [parts[:2]]
+    }
+
+
+def step_row(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, Any]:
+    """A phase's wall milliseconds per target decode call and drafted tokens per draft."""
+    d = {name: after[name] - before.get(name, 0.0) for name in after}
+    calls = d.get("llamacpp:n_decode_total", 0.0)
+    drafts = d.get("llamacpp:spec_decode_num_drafts_total", 0.0)
+    tokens = d.get("llamacpp:spec_decode_num_draft_tokens_total", 0.0)
+    return {
+        "ms_per_decode": 1000 * wall / calls if calls else None,
+        "drafted_per_draft": tokens / drafts if drafts else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", type=Path, required=True, help="the patched llama-server")
+    ap.add_argument("--source", type=Path, help="the sdist or packed tree (its gguf-py)")
+    ap.add_argument("--work", type=Path, default=Path("/dev/shm/specdec-gpu"))
+    ap.add_argument("--levels", default="16")
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--phase", type=float, default=6.0)
+    ap.add_argument("--warm", type=float, default=10.0)
+    args = ap.parse_args()
+    src = builder.prepare(args.source, args.work)
+    models = write_models(src / "gguf-py", args.work / "models")
+    launch = Launch(32, 32768, True, False, "on")
+    plain = Server("plain", 18555, command(args.server, models, 18555, launch, None),
+                   args.work / "plain.log")  # fmt: skip
+    spec = Server("sweep", 18556, command(args.server, models, 18556, launch, args.k, VOICE.rates),
+                  args.work / "sweep.log")  # fmt: skip
+    ks = list(range(args.k + 1))
+    with running([plain, spec]):
+        for server in (plain, spec):  # the same slot history as the bench's servers
+            asyncio.run(phase(server.base_url, ROUTES, 32, args.warm))
+            asyncio.run(idle(server.metrics_url))
+        for c in (int(x) for x in args.levels.split(",")):
+            for k in ks + ks[::-1]:
+                server = plain if k == 0 else spec
+                before, t0 = counters(server.metrics_url), time.monotonic()
+                asyncio.run(phase(server.base_url, ROUTES, c, args.phase, k=k or None))
+                row = step_row(before, counters(server.metrics_url), time.monotonic() - t0)
+                print(json.dumps({"concurrency": c, "k": k, **row}), flush=True)
+                asyncio.run(idle(server.metrics_url))
+
+
+if __name__ == "__main__":
+    main()
