@@ -266,6 +266,12 @@ def speedups_by_draft_length(
     return out
 
 
+# draft lengths past k offered where a route's profile is modelled (geometric_positions): a
+# draft length the engine must be restarted with; on the GPU bench the agent's best was k = 5
+# at a deployed 3 (docs/BENCHMARKS.md §11)
+MODELLED_BEYOND = 2
+
+
 def geometric_positions(
     acceptance: float, k: int, positions: int | None = None
 ) -> tuple[float, ...]:

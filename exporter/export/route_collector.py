@@ -15,6 +15,7 @@ from prometheus_client.core import (
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts, ratios, total
 from exporter.core.payoff import (
+    MODELLED_BEYOND,
     Decode,
     DraftLength,
     Speedups,
@@ -28,8 +29,6 @@ from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
 
-MODELLED_BEYOND = 2  # draft lengths past k offered where a route's profile is modelled
-
 
 def _by_draft_length(
     c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
@@ -37,8 +36,7 @@ def _by_draft_length(
     """The route's speedup at each draft length from 0, from its per-position acceptance: its
     own where its requests state them (`own_positions`; 0..k, nothing is known past k), else
     (llama.cpp: the engine's positions mix every route) the geometric profile of its own
-    acceptance, 0..k + MODELLED_BEYOND (the profile goes on past k: a draft length the engine
-    must be restarted with; on the GPU bench the agent's best was k = 5 at a deployed 3).
+    acceptance, 0..k + MODELLED_BEYOND (the profile goes on past k).
     `k`: the draft length of the steps observed (under a schedule, the one it gives at the
     batch: 0 leaves nothing to say)."""
     if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts or k == 0:

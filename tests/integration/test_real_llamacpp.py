@@ -29,8 +29,8 @@ import pytest
 
 from bench.gpu import build as gpu_build
 from exporter.config import Config, ModelConfig, ProxyConfig, StepTimePoint, Target, load
+from exporter.core.payoff import MODELLED_BEYOND
 from exporter.core.windows import Window
-from exporter.export.route_collector import MODELLED_BEYOND
 from exporter.sidecar import Sidecar
 from tests.helpers import eventually, free_port, samples, scenario_pack, specdec
 from tests.real_llamacpp.server import LlamaServer, ensure_model, ensure_server
