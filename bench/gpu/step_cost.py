@@ -1,8 +1,8 @@
 """The engine's step cost against the draft length, from llama-server's own counters: at each
 level, closed-loop phases of both routes at k = 0..K and back (k = 0: a plain server), each
 phase's wall seconds per target decode call (`llamacpp:n_decode_total`) and drafted tokens per
-draft. What the options by draft length model as linear in k from the one-draft step
-(docs/BENCHMARKS.md §11, run 18).
+draft. What the options by draft length read through the steps `measure` measured at 1 and
+k - 1 drafts and past k on the line from k - 1 (docs/BENCHMARKS.md §11, run 18).
 
     python -m bench.gpu.step_cost --server /dev/shm/llama-server --source trimmed.tgz \\
         --work /dev/shm/sd --levels 16 --k 5

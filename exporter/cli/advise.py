@@ -182,9 +182,9 @@ def advise(page: Page, window: str) -> tuple[dict[str, Any], str | None]:
         "dynamic_speculative_decoding": schedules,
         "assumes": [
             "the speedup is against a plain engine running the same batch (closed-loop clients)",
-            "a step's seconds are linear in the draft length from the one-draft step where "
-            "measure measured it (llama.cpp), else from a plain step, to the observed one at "
-            "the configured k",
+            "a step's seconds are read through the steps measure measured below k (llama.cpp: "
+            "at 1 and k - 1 drafts) to the observed one at the configured k, linear between "
+            "them and past k, else linear from a plain step",
             "a route's options stop at the configured k where its per-position acceptance is "
             "its own (vLLM, SGLang: nothing is known past k); a llama.cpp route's modelled "
             "profile goes 2 past it; the batch-size schedule never raises k",

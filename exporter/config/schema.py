@@ -205,6 +205,19 @@ class ProxyConfig:
 _POSITIVE = number(1e-9, 1e18)
 
 
+def _draft_seconds(r: Reader, node: yaml.Node, key: str) -> tuple[tuple[int, float], ...]:
+    """{draft length: seconds per verify step}, as `specdec measure` prints it."""
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        raise r.fail(node, key, "expected a mapping of draft lengths to seconds, {1: 0.0085}")
+    found = {}
+    for k_node, v_node in node.value:
+        length = whole(1, 64)(r, k_node, key)
+        if length in found:
+            raise r.fail(k_node, key, f"draft length {length} given twice")
+        found[length] = _POSITIVE(r, v_node, f"{key}[{length}]")
+    return tuple(sorted(found.items()))
+
+
 @dataclass(frozen=True, slots=True)
 class StepTimePoint:
     """One measured point of the step-time curve (`specdec measure --concurrency` prints them)."""
@@ -212,7 +225,8 @@ class StepTimePoint:
     running: float = setting(number(0.0, 1e6))
     plain_seconds: float = setting(_POSITIVE)
     verify_seconds: float | None = setting(_POSITIVE, None)
-    one_draft_seconds: float | None = setting(_POSITIVE, None)  # engines with a per-request k
+    # verify steps at draft lengths below k, {length: seconds}: engines with a per-request k
+    draft_seconds: tuple[tuple[int, float], ...] = setting(_draft_seconds, ())
 
 
 def _schedule(r: Reader, node: yaml.Node, key: str) -> Schedule:
@@ -261,7 +275,7 @@ class ModelConfig:
         if self.step_time:
             return StepCurve(
                 tuple(
-                    StepPoint(p.running, p.plain_seconds, p.verify_seconds, p.one_draft_seconds)
+                    StepPoint(p.running, p.plain_seconds, p.verify_seconds, p.draft_seconds)
                     for p in self.step_time
                 )
             )

@@ -13,7 +13,8 @@ token bounds plain decode (the roofline).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,9 @@ class StepPoint:
     running: float
     plain_seconds: float
     verify_seconds: float | None = None
-    one_draft_seconds: float | None = None  # a verify step of one draft, where it was measured
+    # verify steps measured at draft lengths below k, (length, seconds): engines that take a
+    # draft length per request (`specdec measure` on llama.cpp)
+    draft_seconds: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +126,13 @@ class StepCurve:
         known = [(p.running, p.verify_seconds) for p in self.points if p.verify_seconds is not None]
         return _interpolate(known, running) if known else None
 
-    def one_draft(self, running: float) -> float | None:
-        known = [(p.running, p.one_draft_seconds) for p in self.points if p.one_draft_seconds]
-        return _interpolate(known, running) if known else None
+    def drafting(self, running: float) -> dict[int, float]:
+        """The verify step's seconds at each draft length measured below k, at `running`."""
+        found: dict[int, list[tuple[float, float]]] = {}
+        for p in self.points:
+            for length, seconds in p.draft_seconds:
+                found.setdefault(length, []).append((p.running, seconds))
+        return {length: _interpolate(known, running) for length, known in sorted(found.items())}
 
     @property
     def load_aware(self) -> bool:
@@ -172,7 +179,8 @@ class Speedups:
     measured: float | None  # decode rate x plain step seconds
     plain_seconds: float | None = None  # a plain step at the batch (the curve)
     step_seconds: float | None = None  # a speculative step: observed, else the curve's
-    one_draft_seconds: float | None = None  # a verify step of one draft at the batch (the curve)
+    # verify steps at draft lengths below k at the batch, where measured (the curve's)
+    draft_seconds: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def at_load(
@@ -200,7 +208,7 @@ class Speedups:
         elif tokens_per_step is not None and (step := curve.verify(batch)):
             estimated = tokens_per_step * plain / step
         measured = None if decoded.rate is None else decoded.rate * plain
-        return cls(estimated, measured, plain, step, curve.one_draft(batch))
+        return cls(estimated, measured, plain, step, curve.drafting(batch))
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
@@ -223,18 +231,24 @@ class DraftLength:
 
 
 def step_seconds(
-    length: int, plain: float, verify: float, k: int, one_draft: float | None = None
+    length: int, plain: float, verify: float, k: int, measured: Mapping[int, float] | None = None
 ) -> float:
-    """Seconds of a step drafting `length` tokens, from a plain step, the verify step at k and,
-    where measured, the verify step of one draft: linear in the drafts from one draft on (the
-    drafter's fixed cost is in every verify step: llama.cpp's draft model, ~0.7 of a plain
-    step whatever k, docs/BENCHMARKS.md §11), else linear from the plain step (the
-    simulator's model; an interpolation for a real engine); past k the line goes on."""
-    if length == 0:
-        return plain
-    if one_draft is None or k == 1:  # k = 1: the one-draft step is the verify step
-        return plain + (verify - plain) * length / k
-    return one_draft + (verify - one_draft) * (length - 1) / (k - 1)
+    """Seconds of a step drafting `length` tokens, through the steps known: the plain step (no
+    draft), the verify step at k and, where measured, the verify steps at shorter draft
+    lengths; linear between two of them, and past k on the line through k and the longest
+    measured below it. Without measured ones, linear from the plain step (the simulator's
+    model; an interpolation for a real engine). Measured, llama.cpp's step is not linear from
+    the plain one nor in k: its draft model costs ~0.7 of a plain step whatever k, and at
+    c = 16 a second draft 0.7, each further one ~0.3 (docs/BENCHMARKS.md §11, run 18)."""
+    known = {0: plain, **{j: x for j, x in (measured or {}).items() if 0 < j < k}, k: verify}
+    if length in known:
+        return known[length]
+    if length > k:
+        base = max((j for j in known if 0 < j < k), default=0)
+        return verify + (verify - known[base]) * (length - k) / (k - base)
+    low = max(j for j in known if j < length)
+    high = min(j for j in known if j > length)
+    return known[low] + (known[high] - known[low]) * (length - low) / (high - low)
 
 
 def speedups_by_draft_length(
@@ -244,7 +258,7 @@ def speedups_by_draft_length(
     verify: float,
     relative_halfwidth: float | None,
     k: int | None = None,
-    one_draft: float | None = None,
+    measured: Mapping[int, float] | None = None,
 ) -> list[DraftLength]:
     """k' = 0..len(per_position): tokens per step E(k') = 1 + sum_{i<k'} P(more than i drafts
     accepted) (position i is only drafted when k' > i, so the truncated sum is what k' would
@@ -259,7 +273,7 @@ def speedups_by_draft_length(
     accepted = 0.0
     for length in range(1, len(per_position) + 1):
         accepted += per_position[length - 1] / drafts
-        seconds = step_seconds(length, plain, verify, k, one_draft)
+        seconds = step_seconds(length, plain, verify, k, measured)
         speedup = (1 + accepted) * plain / seconds
         half = None if relative_halfwidth is None else accepted * relative_halfwidth
         out.append(DraftLength(length, speedup, None if half is None else half * plain / seconds))

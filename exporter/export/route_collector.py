@@ -59,7 +59,7 @@ def _by_draft_length(
         payoff.step_seconds,
         relative,
         k=k or None,
-        one_draft=payoff.one_draft_seconds,
+        measured=payoff.draft_seconds,
     )
 
 

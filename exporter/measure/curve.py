@@ -18,11 +18,13 @@ longer contiguous, and it splits a batch per run of them, §11). Per level:
   llama.cpp's timings both state the accepted drafts);
 - tokens per step, decode rates and the speedup (spec rate / plain rate);
 - where the engine takes a draft length per request (`Engine.draft_length_fields`: llama.cpp),
-  a third phase at one draft a step gives seconds per one-draft step: a step's cost is not
-  linear in k from a plain step (llama.cpp's draft model costs a fixed ~0.7 plain step
-  whatever k, §11), so the options by draft length need this second point. Kept only where
-  the engine's counters say its steps drafted one token (a build that ignores the field
-  drafts k).
+  phases at one draft a step and at k - 1 give the verify step's seconds there
+  (`draft_seconds`): a step's cost is neither linear in k from a plain step (llama.cpp's
+  draft model costs a fixed ~0.7 plain step whatever k) nor in k (at c = 16 a second draft
+  0.7 of a plain step, each further one ~0.3, §11 run 18), so the options by draft length
+  need the points at both ends: 1 for the drafter's fixed cost, k - 1 for the slope past k.
+  Each kept only where the engine's counters say its steps drafted that many tokens (a
+  build that ignores the field drafts k).
 
 Decode = tokens after the first / seconds from the first content token to the last.
 """
@@ -43,6 +45,7 @@ from exporter.measure.runner import (
     Request,
     ScenarioResult,
     client_session,
+    draft_length,
     engine_page,
     interleaved,
     model_name,
@@ -94,18 +97,21 @@ class Level:
     concurrency: int
     spec: Phase = field(default_factory=Phase)
     plain: Phase = field(default_factory=Phase)
-    one_draft: Phase | None = None  # the speculative endpoint at one draft a step
+    drafting: dict[int, Phase] = field(default_factory=dict)  # the speculative endpoint at j < k
 
-    def one_draft_seconds(self) -> float | None:
-        """Seconds per one-draft step, where that phase ran and drafted one token a step."""
-        phase = self.one_draft
-        counted = None if phase is None else phase.counted
-        if phase is None or counted is None or not counted.drafts or counted.draft_tokens is None:
-            return None
-        if counted.draft_tokens / counted.drafts > 1.05:  # the engine drafted more: no point
-            return None
-        _, seconds, steps = phase.decode()
-        return seconds / steps if steps else None
+    def draft_seconds(self) -> dict[int, float]:
+        """Seconds per verify step at each draft length whose phase drafted that many tokens."""
+        found = {}
+        for length, phase in sorted(self.drafting.items()):
+            counted = phase.counted
+            if counted is None or not counted.drafts or counted.draft_tokens is None:
+                continue
+            if counted.draft_tokens / counted.drafts > length * 1.05:  # it drafted more
+                continue
+            _, seconds, steps = phase.decode()
+            if steps:
+                found[length] = seconds / steps
+        return found
 
     def row(self) -> dict[str, Any]:
         """The level as the `--json` document has it (None where it cannot be said)."""
@@ -120,7 +126,7 @@ class Level:
             "requests": len(self.spec.requests),
             "running": sum(b * b for b in samples) / busy if busy else None,
             "verify_seconds": s_seconds / s_steps if s_steps else None,
-            "one_draft_seconds": self.one_draft_seconds(),
+            "draft_seconds": self.draft_seconds(),
             "plain_seconds": p_seconds / p_tokens if p_tokens else None,
             "tokens_per_step": s_tokens / s_steps if s_steps else None,
             "decode_tokens_per_second": spec_rate,
@@ -180,6 +186,32 @@ async def _phase(
                 await sampler
 
 
+async def _shorter_drafts(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    scenarios: list[Scenario],
+    runs: list[int],
+    plan: Plan,
+    level: Level,
+) -> bool:
+    """Phases at 1 and k - 1 drafts a step (k: what the level's speculative phase drafted);
+    False where the engine takes no draft length per request or drafted more than asked (a
+    build that ignores the field: asking again at the next level would only cost time)."""
+    k = (None if level.spec.counted is None else draft_length(level.spec.counted)) or 0
+    for length in sorted({1, k - 1} & set(range(1, k))):  # k = 1: none, k = 2: just 1
+        fields = plan.engine.draft_length_fields(length)
+        if fields is None:
+            return False
+        extra = tuple(fields.items())
+        shorter = [replace(s, extra_body=(*s.extra_body, *extra)) for s in scenarios]
+        level.drafting[length] = phase = Phase()
+        await _phase(session, base_url, model, shorter, runs, plan, phase)
+        if length not in level.draft_seconds():
+            return False
+    return True
+
+
 async def measure_curve(
     spec_url: str,
     plain_url: str,
@@ -190,15 +222,12 @@ async def measure_curve(
     into: list[Level],
 ) -> None:
     """Every level in turn, the scenarios together (the mix the routes share the engine in)
-    against spec, spec at one draft a step where the engine takes it per request, then plain;
-    appends to `into`."""
-    one = plan.engine.draft_length_fields(1)
-    one_draft = [
-        replace(s, extra_body=(*s.extra_body, *one.items())) for s in scenarios
-    ] if one is not None else None  # fmt: skip
+    against spec, spec at 1 and k - 1 drafts a step where the engine takes a draft length per
+    request, then plain; appends to `into`."""
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
+        honoured = True  # the engine drafts what a request asks (until a phase says otherwise)
         for concurrency in levels:
             level = Level(concurrency)
             into.append(level)
@@ -207,7 +236,8 @@ async def measure_curve(
             runs = [max(plan.runs, -(-share // len(s.prompts))) for s in scenarios]
             at = replace(plan, concurrency=concurrency)
             await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec)
-            if one_draft is not None:
-                level.one_draft = Phase()
-                await _phase(client, spec_url, spec_model, one_draft, runs, at, level.one_draft)
+            if honoured:
+                honoured = await _shorter_drafts(
+                    client, spec_url, spec_model, scenarios, runs, at, level
+                )
             await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain)

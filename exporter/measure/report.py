@@ -306,8 +306,9 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
     ]
     for r in sorted(points, key=lambda r: r["running"]):
         verify = f", verify_seconds: {r['verify_seconds']:.6f}" if r["verify_seconds"] else ""
-        if r.get("one_draft_seconds"):
-            verify += f", one_draft_seconds: {r['one_draft_seconds']:.6f}"
+        if r.get("draft_seconds"):
+            lengths = ", ".join(f"{j}: {x:.6f}" for j, x in sorted(r["draft_seconds"].items()))
+            verify += f", draft_seconds: {{{lengths}}}"
         lines.append(
             f"      - {{running: {r['running']:.2f}, plain_seconds: {r['plain_seconds']:.6f}"
             f"{verify}}}"

@@ -84,10 +84,11 @@ def test_the_curve_of_a_llamacpp_engine_loads_as_printed(
     model = load(config).models[0]
     assert len(model.step_time) == 2
     assert all(p.verify_seconds and p.verify_seconds > p.plain_seconds for p in model.step_time)
-    # llama.cpp takes a draft length per request (`speculative.n_max`): a one-draft phase
+    # llama.cpp takes a draft length per request (`speculative.n_max`): phases at 1 and k - 1
     for p in model.step_time:
-        assert p.one_draft_seconds is not None and p.verify_seconds is not None
-        assert p.plain_seconds < p.one_draft_seconds < p.verify_seconds
+        drafting = dict(p.draft_seconds)
+        assert sorted(drafting) == [1, 2] and p.verify_seconds is not None
+        assert p.plain_seconds < drafting[1] < drafting[2] < p.verify_seconds
     assert [round(p.running) for p in model.step_time] == [1, 2]  # its requests_processing
 
 
