@@ -242,6 +242,17 @@ def test_a_step_is_read_through_the_measured_draft_lengths_and_past_k_from_k_min
         before = step_seconds(length, plain, verify, 3, one)
         assert abs(now / RUN18[length] - 1) < 0.05
         assert abs(now / RUN18[length] - 1) < abs(before / RUN18[length] - 1)
+    # the agent's options at c = 16 (its acceptance, the bench's rates): run 18's steps rank
+    # 4 and 5 first, and so does the step read through 1, 2 and 3; the line through 1 and 3 not
+    agent = (0.85, 0.70, 0.58, 0.48, 0.40)
+    options = {
+        name: speedups_by_draft_length(agent, 1.0, plain, verify, 0.0, k=3, measured=m)
+        for name, m in (("both", both), ("one", one))
+    }
+    true = [(1 + sum(agent[:j])) * plain / RUN18[j] for j in range(6)]
+    assert max(range(6), key=true.__getitem__) in (4, 5)
+    assert max(options["both"], key=lambda o: o.speedup).draft_length in (4, 5)
+    assert max(options["one"], key=lambda o: o.speedup).draft_length == 3
     # a length past those measured below k, or none measured: the line from the plain step
     assert step_seconds(5, plain, verify, 3) == pytest.approx(plain + (verify - plain) * 5 / 3)
     assert step_seconds(2, plain, verify, 3, {5: 1.0}) == pytest.approx(
