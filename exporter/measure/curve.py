@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import aiohttp
 
 from exporter.core.counts import Counts
+from exporter.engines.base import Engine
 from exporter.measure.runner import (
     MeasureError,
     Plan,
@@ -187,26 +190,21 @@ async def _phase(
 
 
 async def _shorter_drafts(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    model: str,
-    scenarios: list[Scenario],
-    runs: list[int],
-    plan: Plan,
-    level: Level,
+    level: Level, scenarios: list[Scenario], engine: Engine, run: Callable[..., Awaitable[None]]
 ) -> bool:
-    """Phases at 1 and k - 1 drafts a step (k: what the level's speculative phase drafted);
-    False where the engine takes no draft length per request or drafted more than asked (a
-    build that ignores the field: asking again at the next level would only cost time)."""
+    """Phases at 1 and k - 1 drafts a step (k: what the level's speculative phase drafted),
+    each `run(scenarios, phase=...)` against the speculative endpoint; False where the engine
+    takes no draft length per request or drafted more than asked (a build that ignores the
+    field: asking again at the next level would only cost time)."""
     k = (None if level.spec.counted is None else draft_length(level.spec.counted)) or 0
     for length in sorted({1, k - 1} & set(range(1, k))):  # k = 1: none, k = 2: just 1
-        fields = plan.engine.draft_length_fields(length)
+        fields = engine.draft_length_fields(length)
         if fields is None:
             return False
         extra = tuple(fields.items())
         shorter = [replace(s, extra_body=(*s.extra_body, *extra)) for s in scenarios]
         level.drafting[length] = phase = Phase()
-        await _phase(session, base_url, model, shorter, runs, plan, phase)
+        await run(shorter, phase=phase)
         if length not in level.draft_seconds():
             return False
     return True
@@ -237,7 +235,6 @@ async def measure_curve(
             at = replace(plan, concurrency=concurrency)
             await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec)
             if honoured:
-                honoured = await _shorter_drafts(
-                    client, spec_url, spec_model, scenarios, runs, at, level
-                )
+                spec = partial(_phase, client, spec_url, spec_model, runs=runs, plan=at)
+                honoured = await _shorter_drafts(level, scenarios, plan.engine, spec)
             await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain)

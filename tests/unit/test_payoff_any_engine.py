@@ -293,13 +293,13 @@ def test_measure_asks_shorter_drafts_only_of_an_engine_that_honours_them(
 
     seen: list[tuple[str, int]] = []
 
-    async def phase(session, base_url, model, scenarios, runs, plan, into):  # type: ignore[no-untyped-def]
+    async def phase(session, base_url, model, scenarios, runs, plan, phase):  # type: ignore[no-untyped-def]
         length = dict(scenarios[0].extra_body).get("speculative.n_max", 3)
         seen.append((base_url, length))
         made = length if honours else 3
-        into.counted = Counts(100, 100 * made, 50, (30.0, 15.0, 5.0))
-        into.results.append(
-            ScenarioResult("s", [Request(Result(0.01, 1.0, 151, "length"), into.counted)])
+        phase.counted = Counts(100, 100 * made, 50, (30.0, 15.0, 5.0))
+        phase.results.append(
+            ScenarioResult("s", [Request(Result(0.01, 1.0, 151, "length"), phase.counted)])
         )
 
     async def name(session, base_url):  # type: ignore[no-untyped-def]
