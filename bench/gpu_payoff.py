@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._run import free_port
 from bench.gpu import build as builder
 from bench.gpu import product
 from bench.gpu import sweep as sweeping
@@ -58,12 +58,6 @@ from bench.gpu.traffic import ROUTES, VOICE, Route, idle, phase
 
 STEPS = ("build", "models", "ab", "sweep")
 TICK = 1.1  # the accounting's tick (1 s) and a margin: a window's figures hold what ended
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Run:

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench._run import free_port
 from bench.gpu import build as builder
 from bench.gpu.models import write_models
 from bench.gpu.servers import Launch, Server, command, running
@@ -61,10 +62,11 @@ def main() -> None:
     src = builder.prepare(args.source, args.work)
     models = write_models(src / "gguf-py", args.work / "models")
     launch = Launch(32, 32768, True, False, "on")
-    plain = Server("plain", 18555, command(args.server, models, 18555, launch, None),
+    ports = free_port(), free_port()
+    plain = Server("plain", ports[0], command(args.server, models, ports[0], launch, None),
                    args.work / "plain.log")  # fmt: skip
-    spec = Server("sweep", 18556, command(args.server, models, 18556, launch, args.k, VOICE.rates),
-                  args.work / "sweep.log")  # fmt: skip
+    spec = Server("sweep", ports[1], command(args.server, models, ports[1], launch, args.k,
+                  VOICE.rates), args.work / "sweep.log")  # fmt: skip
     ks = list(range(args.k + 1))
     with running([plain, spec]):
         for server in (plain, spec):  # the same slot history as the bench's servers
