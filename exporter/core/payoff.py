@@ -179,7 +179,8 @@ class Speedups:
     measured: float | None  # decode rate x plain step seconds
     plain_seconds: float | None = None  # a plain step at the batch (the curve)
     step_seconds: float | None = None  # a speculative step: observed, else the curve's
-    # verify steps at draft lengths below k at the batch, where measured (the curve's)
+    # verify steps at draft lengths below k at the batch, where measured (the curve's, scaled
+    # to the step at k)
     draft_seconds: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
@@ -208,7 +209,19 @@ class Speedups:
         elif tokens_per_step is not None and (step := curve.verify(batch)):
             estimated = tokens_per_step * plain / step
         measured = None if decoded.rate is None else decoded.rate * plain
-        return cls(estimated, measured, plain, step, curve.drafting(batch))
+        return cls(estimated, measured, plain, step, _drafting_at(curve, batch, step))
+
+
+def _drafting_at(curve: StepCurve, batch: float, step: float | None) -> dict[int, float]:
+    """The curve's steps below k at the batch, scaled by the observed step / the curve's at k:
+    the curve gives the shape in k, the live step its level. Unscaled, the options would join
+    measure's steps below k to a live step at k that may differ (H200, c = 16: 15 % slower
+    than measure's, docs/BENCHMARKS.md §11 run 19), a kink that named the best k."""
+    drafting = curve.drafting(batch)
+    verify = curve.verify(batch)
+    if step is None or not verify:
+        return drafting
+    return {length: seconds * step / verify for length, seconds in drafting.items()}
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:

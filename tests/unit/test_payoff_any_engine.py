@@ -16,6 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.config import ModelConfig, StepTimePoint, Target
 from exporter.core.counts import Counts
 from exporter.core.payoff import (
+    Decode,
+    Speedups,
+    StepCurve,
+    StepPoint,
     best_draft_length,
     decode_steps,
     geometric_positions,
@@ -258,6 +262,43 @@ def test_a_step_is_read_through_the_measured_draft_lengths_and_past_k_from_k_min
     assert step_seconds(2, plain, verify, 3, {5: 1.0}) == pytest.approx(
         plain + (verify - plain) * 2 / 3
     )
+
+
+# run 19, c = 16: measure's step point, and the agent's window in the A/B (live steps ~15 % over
+# measure's verify step); the sweep's truth ranked 4 (x1.200), 3 (x1.158), 5, 2 (x1.084), 1
+RUN19 = StepPoint(15.73, 0.011324, 0.029965, ((1, 0.019332), (2, 0.025016)))
+RUN19_AGENT = Decode(tokens=4378, seconds=48.50, steps=1410)
+
+
+def test_the_steps_below_k_take_the_live_steps_level() -> None:
+    """The options join measure's steps below k to the live step at k: scaled to it, they keep
+    the curve's shape; unscaled, the live step's 15 % over measure's made a kink at k that
+    named 2 the agent's best (run 19). Scaled, 3 and 4 lead, as in the sweep."""
+    curve = StepCurve((RUN19,))
+    payoff = Speedups.at_load(curve, 15.6, None, RUN19_AGENT, RUN19_AGENT)
+    assert payoff.step_seconds == pytest.approx(48.50 / 1410)
+    scale = payoff.step_seconds / RUN19.verify_seconds
+    assert scale > 1.1
+    assert payoff.draft_seconds == {
+        1: pytest.approx(0.019332 * scale),
+        2: pytest.approx(0.025016 * scale),
+    }
+    positions = geometric_positions(0.69, 3, 5)
+    plain = payoff.plain_seconds
+    assert plain is not None
+    ranked = {}
+    for name, measured in (("scaled", payoff.draft_seconds), ("unscaled", curve.drafting(15.6))):
+        options = speedups_by_draft_length(
+            positions, 1.0, plain, payoff.step_seconds, 0.0, k=3, measured=measured
+        )
+        ranked[name] = sorted(options, key=lambda o: -o.speedup)
+    assert ranked["unscaled"][0].draft_length == 2  # 12 % over k = 3: the kink
+    best, by_length = ranked["scaled"][0], {o.draft_length: o.speedup for o in ranked["scaled"]}
+    assert best.draft_length == 3 and best.speedup == pytest.approx(payoff.estimated, rel=0.02)
+    assert by_length[4] > 0.98 * best.speedup > by_length[2]  # the truth's top two, close
+    # no live step: the curve's own verify step, nothing scaled
+    quiet = Speedups.at_load(curve, 15.6, 3.1, Decode(), Decode())
+    assert quiet.draft_seconds == curve.drafting(15.6)
 
 
 def test_a_shorter_draft_phase_that_drafted_more_gives_no_point() -> None:
