@@ -4,9 +4,9 @@ At one level, the A/B at k = 0..K in two rounds (ascending, then descending k: a
 the rounds cancels), each k's rate over k = 0's (the plain server), the rounds pooled.
 `mixed`: the routes together on the engine, every request at k, which is what the sidecar's
 options by draft length say (the whole batch at k, on the engine the routes share); `alone`:
-each route alone, load without mixing. On the H200 the engine's step costs moved up to 10 %
-between two starts of the same server (docs/BENCHMARKS.md §11, runs 11-14), so the truth the
-sidecar is held to is the mixed sweep of its own run, on its own servers.
+each route alone, load without mixing. On the H200 two starts of the same server differ at
+c = 16 by up to 13 % (the sweep's k = 3 against the A/B's, docs/BENCHMARKS.md §11, runs 15-21),
+so the truth the sidecar is held to is the mixed sweep of its own run, on its own servers.
 """
 
 from __future__ import annotations
