@@ -274,11 +274,7 @@ def main() -> int:
     ap.add_argument("--sweep-phase", type=float, default=6.0)
     ap.add_argument("--sweep-mix", default="mixed",
                     help="mixed (the routes together), alone (each alone), or both")  # fmt: skip
-    ap.add_argument("--parallel", type=int, default=32, help="server slots (>= the top level)")
-    ap.add_argument("--ctx", type=int, default=32768)
-    ap.add_argument("--kv-unified", action="store_true",
-                    help="one KV buffer for all slots")  # fmt: skip
-    ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="on")
+    Launch.add_flags(ap)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--cpu", action="store_true", help="CPU build, CI's tiny model: the logic only")
     args = ap.parse_args()
@@ -337,7 +333,7 @@ def _main(run: Run, args: argparse.Namespace, steps: set[str], work: Path) -> in
     run.log(f"models in {time.monotonic() - t1:.0f} s: {models}")
     if not steps & {"ab", "sweep"}:
         return 0
-    launch = Launch(args.parallel, args.ctx, not args.cpu, args.kv_unified, args.flash_attn)
+    launch = Launch.from_flags(args, gpu=not args.cpu)
     logs = args.out / "logs"
 
     def server(name: str, k: int | None) -> Server:

@@ -4,6 +4,7 @@ and stopped on the way out whatever happens."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import time
 import urllib.error
@@ -32,6 +33,18 @@ class Launch:
     gpu: bool = True
     kv_unified: bool = False
     flash_attn: str = "on"
+
+    @staticmethod
+    def add_flags(ap: argparse.ArgumentParser) -> None:
+        """The launch's flags, one set for every script that starts the bench's servers."""
+        ap.add_argument("--parallel", type=int, default=32, help="server slots (>= the top level)")
+        ap.add_argument("--ctx", type=int, default=32768)
+        ap.add_argument("--kv-unified", action="store_true", help="one KV buffer for all slots")
+        ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="on")
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, gpu: bool = True) -> Launch:
+        return cls(args.parallel, args.ctx, gpu, args.kv_unified, args.flash_attn)
 
 
 @dataclass

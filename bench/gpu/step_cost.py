@@ -58,10 +58,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--phase", type=float, default=6.0)
     ap.add_argument("--warm", type=float, default=10.0)
+    Launch.add_flags(ap)
     args = ap.parse_args()
     src = builder.prepare(args.source, args.work)
     models = write_models(src / "gguf-py", args.work / "models")
-    launch = Launch(32, 32768, True, False, "on")
+    launch = Launch.from_flags(args)
     ports = free_port(), free_port()
     plain = Server("plain", ports[0], command(args.server, models, ports[0], launch, None),
                    args.work / "plain.log")  # fmt: skip

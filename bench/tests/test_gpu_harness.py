@@ -378,6 +378,20 @@ def test_a_server_command_is_plain_or_drafting_and_shares_kv_when_asked() -> Non
     assert "--kv-unified" in spec
 
 
+def test_every_script_launches_its_servers_from_the_same_flags() -> None:
+    """gpu_payoff and step_cost take one set of launch flags: a step-cost run is comparable to
+    the A/B only if its servers were started alike."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    Launch.add_flags(ap)
+    assert Launch.from_flags(ap.parse_args([])) == Launch()
+    args = ap.parse_args(
+        ["--parallel", "8", "--ctx", "4096", "--kv-unified", "--flash-attn", "off"]
+    )
+    assert Launch.from_flags(args, gpu=False) == Launch(8, 4096, False, True, "off")
+
+
 def test_a_streams_decode_is_the_servers_token_count_not_its_events() -> None:
     from bench.gpu.rounds import Rate
     from bench.gpu.traffic import _Stream
