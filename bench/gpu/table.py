@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from bench.gpu.sweep import judged
@@ -72,9 +73,38 @@ def report(data: dict[str, Any]) -> str:
                     lines.append(f"  c={level['concurrency']} {route}: {name}")
                 if f["pair"] is None:
                     lines.append(f"  c={level['concurrency']} {route}: no two rounds agreed")
+    lines += _plain_lines(data)
     if data.get("sweep"):
         lines += _sweep_lines(data)
     return "\n".join(lines)
+
+
+def _plain_lines(data: dict[str, Any]) -> list[str]:
+    """Per level, each route's decode per request on the plain server (its agreeing rounds'
+    mean) beside measure's plain step as a rate: the sidecar takes one plain step per batch
+    for every route, so a split between the routes, or measure's level against the A/B's, is
+    error it cannot see (docs/BENCHMARKS.md §11, runs 19-21)."""
+    curve = (data.get("measure") or {}).get("curve") or []
+    lines = []
+    for level in data.get("levels", []):
+        rates = {}
+        for route, f in level["routes"].items():
+            found = f.get("plain_rates") or []
+            used = f["pair"] if f["pair"] is not None else range(len(found))
+            if values := [found[i] for i in used if i < len(found) and found[i] is not None]:
+                rates[route] = statistics.fmean(values)
+        if not rates:
+            continue
+        c = level["concurrency"]
+        text = ", ".join(f"{route} {x:.1f}" for route, x in rates.items())
+        if len(rates) > 1:
+            fast, slow = max(rates, key=rates.__getitem__), min(rates, key=rates.__getitem__)
+            text += f" ({fast} {rates[fast] / rates[slow] - 1:+.1%} over {slow})"
+        point = min(curve, key=lambda p: abs(p["running"] - c), default=None)
+        if point is not None:
+            text += f"; measure's plain step {1 / point['plain_seconds']:.1f}"
+        lines.append(f"  c={c} plain decode per request, tok/s: {text}")
+    return lines
 
 
 def _sweep_lines(data: dict[str, Any]) -> list[str]:

@@ -262,6 +262,25 @@ def test_the_table_shows_truth_sidecar_and_sweep() -> None:
     assert "c=1 voice_chat: the sweep's k=2 x1.150 against the A/B's x1.100 (+4.5%)" in text
 
 
+def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
+    """The per-route split on the plain server and measure's plain level, the error the
+    sidecar's one plain step per batch cannot see (run 19, c = 16)."""
+    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
+             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 15.6,
+             "by_draft_length": {}, "best_draft_length": [None]}  # fmt: skip
+    routes = {"voice_chat": {**route, "plain_rates": [93.8, 90.5, 50.0]},
+              "coding_agent": {**route, "plain_rates": [82.0, 81.6]}}  # fmt: skip
+    routes["voice_chat"]["rounds"] = [1.0, 1.0, 0.5]
+    data = {"levels": [{"concurrency": 16, "routes": routes}], "alone": [],
+            "measure": {"curve": [{"running": 1.0, "plain_seconds": 0.0047},
+                                  {"running": 15.73, "plain_seconds": 0.011324}]}}  # fmt: skip
+    line = next(x for x in table.report(data).splitlines() if "plain decode" in x)
+    assert line == (
+        "  c=16 plain decode per request, tok/s: voice_chat 92.2, coding_agent 81.8"
+        " (voice_chat +12.7% over coding_agent); measure's plain step 88.3"
+    )
+
+
 def test_a_sweep_pools_its_two_rounds_per_k_over_k0() -> None:
     def rate(tokens: float) -> Rate:
         r = Rate()
