@@ -48,13 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._run import free_port
 from bench.gpu import build as builder
-from bench.gpu import product
+from bench.gpu import product, split
 from bench.gpu import sweep as sweeping
 from bench.gpu.models import write_models
 from bench.gpu.rounds import Rate, Round, settled, verdict, within
 from bench.gpu.servers import Launch, Server, command, running
 from bench.gpu.table import report
-from bench.gpu.traffic import ROUTES, VOICE, Route, idle, phase
+from bench.gpu.traffic import ROUTES, VOICE, Route, Span, idle, phase
 
 STEPS = ("build", "models", "ab", "sweep")
 TICK = 1.1  # the accounting's tick (1 s) and a margin: a window's figures hold what ended
@@ -119,6 +119,7 @@ def ab_level(
     """Rounds of (spec through the proxy, plain direct) at concurrency c until every route has
     two agreeing rounds (at most --max-rounds); the sidecar read after each spec phase."""
     rounds: list[Round] = []
+    plain_splits: list[dict[str, split.RouteSplit]] = []
     readings: list[dict[str, product.Reading]] = []
     advice: list[dict[str, Any]] = []
     pages = run.out / "pages"
@@ -129,7 +130,10 @@ def ab_level(
         asyncio.run(idle(spec.metrics_url))
         before = product.get(metrics)
         seen = answered(before, routes)
-        r.spec, failed = asyncio.run(phase(proxy, routes, c, args.phase, proxied=True))
+        spans: dict[str, list[Span]] = {"spec": [], "plain": []}
+        r.spec, failed = asyncio.run(
+            phase(proxy, routes, c, args.phase, proxied=True, timeline=spans["spec"])
+        )
         done = seen + sum(x.requests for x in r.spec.values())
         after = settle_sidecar(metrics, routes, done, time.monotonic())
         n = len(rounds) + 1
@@ -139,7 +143,12 @@ def ab_level(
         if c in args.advise_at and label == "mixed":
             advice.append(product.advise(metrics, window))
         asyncio.run(idle(plain.metrics_url))
-        r.plain, failed_plain = asyncio.run(phase(plain.base_url, routes, c, args.phase))
+        r.plain, failed_plain = asyncio.run(
+            phase(plain.base_url, routes, c, args.phase, timeline=spans["plain"])
+        )
+        for server, timeline in spans.items():
+            split.write(run.out / "timelines" / f"{label}-c{c}-r{n}-{server}.jsonl", timeline)
+        plain_splits.append({x.route: x for x in split.split(spans["plain"])})
         rounds.append(r)
         figures = " ".join(f"{name} x{x:.3f}" for name in names if (x := r.ab(name)) is not None)
         lost = failed + failed_plain
@@ -150,9 +159,11 @@ def ab_level(
         used = list(v.pair) if v.pair is not None else list(range(len(rounds)))
         mine = [readings[i][name] for i in used]
 
-        def mean(field: str, mine: list[product.Reading] = mine) -> float | None:
+        def mean(field: str, mine: Sequence[object] = mine) -> float | None:
             values = [x for m in mine if (x := getattr(m, field)) is not None]
             return statistics.fmean(values) if values else None
+
+        plain = [plain_splits[i][name] for i in used if name in plain_splits[i]]
 
         by_k: dict[int, list[float]] = {}
         for m in mine:
@@ -165,6 +176,12 @@ def ab_level(
             "outliers": v.outliers,
             "spec_rates": [r.spec[name].per_second for r in rounds],
             "plain_rates": [r.plain[name].per_second for r in rounds],
+            # the plain phases of the rounds used: the rate, the gaps seen, the gaps' line
+            "plain": {
+                "rate": mean("rate", plain),
+                "gaps": mean("gaps", plain),
+                "line": mean("predicted", plain),
+            },
             "requests": [r.spec[name].requests for r in rounds],
             "estimated": mean("estimated"),
             "measured": mean("measured"),

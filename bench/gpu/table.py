@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from bench.gpu.sweep import judged
@@ -80,30 +79,35 @@ def report(data: dict[str, Any]) -> str:
 
 
 def _plain_lines(data: dict[str, Any]) -> list[str]:
-    """Per level, each route's decode per request on the plain server (its agreeing rounds'
-    mean) beside measure's plain step as a rate: the sidecar takes one plain step per batch
-    for every route, so a split between the routes, or measure's level against the A/B's, is
-    error it cannot see (docs/BENCHMARKS.md §11, runs 19-21)."""
+    """Per level, each route's decode per request on the plain server (its agreeing rounds')
+    beside measure's plain step as a rate: the sidecar takes one plain step per batch for
+    every route, so a split between the routes, or measure's level against the A/B's, is
+    error it cannot see (docs/BENCHMARKS.md §11, runs 19-21). Under it, the split the other
+    clients' gaps predict (`bench/gpu/split.py`)."""
     curve = (data.get("measure") or {}).get("curve") or []
     lines = []
     for level in data.get("levels", []):
-        rates = {}
-        for route, f in level["routes"].items():
-            found = f.get("plain_rates") or []
-            used = f["pair"] if f["pair"] is not None else range(len(found))
-            if values := [found[i] for i in used if i < len(found) and found[i] is not None]:
-                rates[route] = statistics.fmean(values)
+        plain = {route: f["plain"] for route, f in level["routes"].items() if "plain" in f}
+        rates = {route: p["rate"] for route, p in plain.items() if p["rate"] is not None}
         if not rates:
             continue
         c = level["concurrency"]
         text = ", ".join(f"{route} {x:.1f}" for route, x in rates.items())
+        pair = None
         if len(rates) > 1:
-            fast, slow = max(rates, key=rates.__getitem__), min(rates, key=rates.__getitem__)
-            text += f" ({fast} {rates[fast] / rates[slow] - 1:+.1%} over {slow})"
+            pair = max(rates, key=rates.__getitem__), min(rates, key=rates.__getitem__)
+            text += f" ({pair[0]} {rates[pair[0]] / rates[pair[1]] - 1:+.1%} over {pair[1]})"
         point = min(curve, key=lambda p: abs(p["running"] - c), default=None)
         if point is not None:
             text += f"; measure's plain step {1 / point['plain_seconds']:.1f}"
         lines.append(f"  c={c} plain decode per request, tok/s: {text}")
+        fast, slow = (None, None) if pair is None else (plain[pair[0]], plain[pair[1]])
+        if fast and slow and fast["line"] and slow["line"] and fast["gaps"] is not None:
+            lines.append(
+                f"    other clients out of the batch: {pair[0]} {fast['gaps']:.2f},"
+                f" {pair[1]} {slow['gaps']:.2f}; their line predicts"
+                f" {fast['line'] / slow['line'] - 1:+.1%}"
+            )
     return lines
 
 

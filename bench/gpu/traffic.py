@@ -83,16 +83,24 @@ async def phase(
     seconds: float,
     k: int | None = None,
     proxied: bool = False,
+    timeline: list[Span] | None = None,
 ) -> tuple[dict[str, Rate], int]:
     """Closed-loop clients for `seconds`; per route the decode tokens (after each request's
     first) and their seconds inside the phase, and how many requests failed. Requests still
     in flight at its end are cancelled and count with what they decoded so far (each event
     states the tokens so far): without them a phase shorter than a request at that load
     would have no figure, and one only a little longer would count only the cohort that
-    started together."""
+    started together. `timeline`, where given, gets every request's `Span`."""
     found = {r.name: Rate() for r in routes}
     failed = 0
     url = f"{base_url}/v1/chat/completions"
+    start = time.perf_counter()
+
+    def record(route: Route, worker: int, sent: float, seen: _Stream, finished: bool) -> None:
+        seen.count_into(found[route.name], finished)
+        if timeline is not None and seen.first is not None and seen.last is not None:
+            times = (sent - start, seen.first - start, seen.last - start)
+            timeline.append(Span(route.name, worker, *times, seen.decoded, finished))
 
     async def client(mine: list[Route], offset: int, session: aiohttp.ClientSession) -> None:
         nonlocal failed
@@ -101,17 +109,18 @@ async def phase(
             route = mine[i % len(mine)]
             headers = {"X-Route": route.header} if proxied else None
             seen = _Stream()
+            sent = time.perf_counter()
             try:
                 body = {**route.body(i, k), **ENGINE.worker_fields(offset)}
                 await _stream(session, url, body, headers, seen)
             except asyncio.CancelledError:
-                seen.count_into(found[route.name], finished=False)
+                record(route, offset, sent, seen, finished=False)
                 raise
             except (RequestFailed, aiohttp.ClientError):
                 failed += 1
                 await asyncio.sleep(0.05)  # not a busy loop against a failing server
             else:
-                seen.count_into(found[route.name], finished=True)
+                record(route, offset, sent, seen, finished=True)
             i += 1
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
@@ -127,6 +136,21 @@ async def phase(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return found, failed
+
+
+@dataclass(frozen=True)
+class Span:
+    """One request of a phase, for `bench/gpu/split.py`: its route, its client (the slot it is
+    pinned to), when it was sent and its first and last content events (seconds from the
+    phase's start), and the tokens it decoded between those two events."""
+
+    route: str
+    worker: int
+    sent: float
+    first: float
+    last: float
+    decoded: int
+    finished: bool
 
 
 class _Stream:

@@ -268,9 +268,9 @@ def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
     route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
              "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 15.6,
              "by_draft_length": {}, "best_draft_length": [None]}  # fmt: skip
-    routes = {"voice_chat": {**route, "plain_rates": [93.8, 90.5, 50.0]},
-              "coding_agent": {**route, "plain_rates": [82.0, 81.6]}}  # fmt: skip
-    routes["voice_chat"]["rounds"] = [1.0, 1.0, 0.5]
+    voice = {"rate": 92.2, "gaps": 1.1, "line": 90.0}
+    agent = {"rate": 81.8, "gaps": 1.9, "line": 84.0}
+    routes = {"voice_chat": {**route, "plain": voice}, "coding_agent": {**route, "plain": agent}}
     data = {"levels": [{"concurrency": 16, "routes": routes}], "alone": [],
             "measure": {"curve": [{"running": 1.0, "plain_seconds": 0.0047},
                                   {"running": 15.73, "plain_seconds": 0.011324}]}}  # fmt: skip
@@ -278,6 +278,11 @@ def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
     assert line == (
         "  c=16 plain decode per request, tok/s: voice_chat 92.2, coding_agent 81.8"
         " (voice_chat +12.7% over coding_agent); measure's plain step 88.3"
+    )
+    gaps = table.report(data).splitlines()
+    assert gaps[gaps.index(line) + 1] == (
+        "    other clients out of the batch: voice_chat 1.10, coding_agent 1.90;"
+        " their line predicts +7.1%"
     )
 
 
