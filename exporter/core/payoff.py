@@ -126,13 +126,21 @@ class StepCurve:
         known = [(p.running, p.verify_seconds) for p in self.points if p.verify_seconds is not None]
         return _interpolate(known, running) if known else None
 
-    def drafting(self, running: float) -> dict[int, float]:
-        """The verify step's seconds at each draft length measured below k, at `running`."""
+    def drafting(self, running: float, scaled_to: float | None = None) -> dict[int, float]:
+        """The verify step's seconds at each draft length measured below k, at `running`;
+        with `scaled_to` (an observed step at k), times it / the curve's verify step there:
+        the curve gives the shape in k, the live step its level. Unscaled, the options would
+        join measure's steps below k to a live step at k that may differ (H200, c = 16: 15 %
+        slower than measure's, docs/BENCHMARKS.md §11 run 19), a kink that named the best k."""
         found: dict[int, list[tuple[float, float]]] = {}
         for p in self.points:
             for length, seconds in p.draft_seconds:
                 found.setdefault(length, []).append((p.running, seconds))
-        return {length: _interpolate(known, running) for length, known in sorted(found.items())}
+        verify = self.verify(running)
+        scale = scaled_to / verify if scaled_to is not None and verify else 1.0
+        return {
+            length: _interpolate(known, running) * scale for length, known in sorted(found.items())
+        }
 
     @property
     def load_aware(self) -> bool:
@@ -209,19 +217,7 @@ class Speedups:
         elif tokens_per_step is not None and (step := curve.verify(batch)):
             estimated = tokens_per_step * plain / step
         measured = None if decoded.rate is None else decoded.rate * plain
-        return cls(estimated, measured, plain, step, _drafting_at(curve, batch, step))
-
-
-def _drafting_at(curve: StepCurve, batch: float, step: float | None) -> dict[int, float]:
-    """The curve's steps below k at the batch, scaled by the observed step / the curve's at k:
-    the curve gives the shape in k, the live step its level. Unscaled, the options would join
-    measure's steps below k to a live step at k that may differ (H200, c = 16: 15 % slower
-    than measure's, docs/BENCHMARKS.md §11 run 19), a kink that named the best k."""
-    drafting = curve.drafting(batch)
-    verify = curve.verify(batch)
-    if step is None or not verify:
-        return drafting
-    return {length: seconds * step / verify for length, seconds in drafting.items()}
+        return cls(estimated, measured, plain, step, curve.drafting(batch, scaled_to=step))
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
@@ -249,16 +245,17 @@ def step_seconds(
     """Seconds of a step drafting `length` tokens, through the steps known: the plain step (no
     draft), the verify step at k and, where measured, the verify steps at shorter draft
     lengths; linear between two of them, and past k on the line through k and the longest
-    measured below it. Without measured ones, linear from the plain step (the simulator's
-    model; an interpolation for a real engine). Measured, llama.cpp's step is not linear from
-    the plain one nor in k: its draft model costs ~0.7 of a plain step whatever k, and at
-    c = 16 a second draft 0.7, each further one ~0.3 (docs/BENCHMARKS.md §11, run 18)."""
+    measured below it, or flat where that line falls (at c = 1 the measured steps are within
+    noise of one another: run 21). Without measured ones, linear from the plain step (the
+    simulator's model; an interpolation for a real engine). Measured, llama.cpp's step is not
+    linear from the plain one nor in k: its draft model costs ~0.7 of a plain step whatever k,
+    and at c = 16 a second draft 0.7, each further one ~0.3 (docs/BENCHMARKS.md §11, run 18)."""
     known = {0: plain, **{j: x for j, x in (measured or {}).items() if 0 < j < k}, k: verify}
     if length in known:
         return known[length]
-    if length > k:
+    if length > k:  # a step drafting more is never cheaper: measured slopes under 0 are noise
         base = max((j for j in known if 0 < j < k), default=0)
-        return verify + (verify - known[base]) * (length - k) / (k - base)
+        return verify + max(0.0, verify - known[base]) * (length - k) / (k - base)
     low = max(j for j in known if j < length)
     high = min(j for j in known if j > length)
     return known[low] + (known[high] - known[low]) * (length - low) / (high - low)

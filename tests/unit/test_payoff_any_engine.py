@@ -264,6 +264,16 @@ def test_a_step_is_read_through_the_measured_draft_lengths_and_past_k_from_k_min
     )
 
 
+def test_past_k_a_step_never_gets_cheaper_where_the_measured_steps_fall() -> None:
+    """Run 21 at c = 1: measure's steps at 1, 2 and 3 drafts were 8.67 / 9.12 / 9.04 ms, within
+    noise; the line from k - 1 fell, and k = 5 would have cost less than k = 3."""
+    plain, verify, below = 0.0046, 0.00904, {1: 0.00867, 2: 0.00912}
+    past = [step_seconds(j, plain, verify, 3, below) for j in (3, 4, 5)]
+    assert past == [verify, verify, verify]
+    rising = {1: 0.00867, 2: 0.00880}  # a rising line is kept
+    assert step_seconds(5, plain, verify, 3, rising) == pytest.approx(verify + 2 * 0.00024)
+
+
 # run 19, c = 16: measure's step point, and the agent's window in the A/B (live steps ~15 % over
 # measure's verify step); the sweep's truth ranked 4 (x1.200), 3 (x1.158), 5, 2 (x1.084), 1
 RUN19 = StepPoint(15.73, 0.011324, 0.029965, ((1, 0.019332), (2, 0.025016)))
