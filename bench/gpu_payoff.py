@@ -54,7 +54,7 @@ from bench.gpu.models import write_models
 from bench.gpu.rounds import Rate, Round, settled, verdict, within
 from bench.gpu.servers import Launch, Server, command, running
 from bench.gpu.table import report
-from bench.gpu.traffic import ROUTES, VOICE, Route, Span, idle, phase
+from bench.gpu.traffic import ROUTES, SPREAD, VOICE, Route, Span, idle, phase, spread
 
 STEPS = ("build", "models", "ab", "sweep")
 TICK = 1.1  # the accounting's tick (1 s) and a margin: a window's figures hold what ended
@@ -199,9 +199,15 @@ def ab_level(
     return found
 
 
+def traffic(args: argparse.Namespace) -> tuple[Route, ...]:
+    """The two routes at the run's --length-spread."""
+    return spread(ROUTES, args.length_spread)
+
+
 def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> None:
     work = Path(args.work)
-    pack = product.scenario_pack(work / "pack.jsonl", ROUTES)
+    routes = traffic(args)
+    pack = product.scenario_pack(work / "pack.jsonl", routes)
     t0 = time.monotonic()
     warm([spec, plain], args)
     printed = product.measure(spec.base_url, plain.base_url, args.levels, pack,
@@ -214,18 +220,18 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
     window = f"{int(args.phase + 1)}s"
     proxy_port, side_port = free_port(), free_port()
     config = work / "specdec.yaml"
-    product.sidecar_config(config, spec.base_url, proxy_port, window, ROUTES, block)
+    product.sidecar_config(config, spec.base_url, proxy_port, window, routes, block)
     with product.serve(config, side_port, run.out / "serve.log") as metrics:
         proxy = f"http://127.0.0.1:{proxy_port}"
         up = time.monotonic()
         while time.monotonic() - up < args.phase + 2:  # a window's gauge needs that much history
             time.sleep(0.2)
         for c in args.levels:
-            found = ab_level(run, spec, plain, proxy, metrics, ROUTES, c, args, window, "mixed")
+            found = ab_level(run, spec, plain, proxy, metrics, routes, c, args, window, "mixed")
             run.data["levels"].append(found)
             run.save()
         for c in args.alone:
-            for route in ROUTES:
+            for route in routes:
                 found = ab_level(run, spec, plain, proxy, metrics, [route], c, args, window,
                                  f"alone-{route.name}")  # fmt: skip
                 found["alone"] = route.name
@@ -238,7 +244,7 @@ def warm(servers: Sequence[Server], args: argparse.Namespace) -> None:
     depends on which of its slots have been used (docs/BENCHMARKS.md §11, runs 4 and 15), so
     every server a figure compares must have the same history."""
     for server in servers:
-        asyncio.run(phase(server.base_url, ROUTES, max(args.levels), args.warm))
+        asyncio.run(phase(server.base_url, traffic(args), max(args.levels), args.warm))
         asyncio.run(idle(server.metrics_url))
 
 
@@ -248,9 +254,10 @@ def run_sweep(run: Run, sweep: Server, plain: Server, args: argparse.Namespace) 
     server warmed as the A/B's were."""
     warm([sweep, plain], args)
     ks = list(range(args.sweep_k + 1))
+    both = traffic(args)
     for c in args.sweep_levels:
         for mix in args.sweep_mix:
-            for routes in [ROUTES] if mix == "mixed" else [[r] for r in ROUTES]:
+            for routes in [both] if mix == "mixed" else [[r] for r in both]:
                 rounds: list[dict[int, dict[str, Rate]]] = []
                 for order in (ks, ks[::-1]):
                     rates: dict[int, dict[str, Rate]] = {}
@@ -285,6 +292,8 @@ def main() -> int:
     ap.add_argument("--max-rounds", type=int, default=4)
     ap.add_argument("--warm", type=float, default=10.0,
                     help="seconds of top-level traffic on each server before measure")  # fmt: skip
+    ap.add_argument("--length-spread", type=float, default=SPREAD,
+                    help="sigma of ln(tokens) (0: every request at the mean)")  # fmt: skip
     ap.add_argument("--k", type=int, default=3, help="the deployed draft length")
     ap.add_argument("--sweep-levels", default="1,16")
     ap.add_argument("--sweep-k", type=int, default=5)
@@ -298,6 +307,9 @@ def main() -> int:
     steps = set(args.steps.split(","))
     if not steps <= set(STEPS):
         print(f"gpu_payoff: --steps takes {','.join(STEPS)}, got {args.steps!r}", file=sys.stderr)
+        return 2
+    if not 0 <= args.length_spread <= 2:
+        print(f"gpu_payoff: --length-spread takes 0..2, got {args.length_spread}", file=sys.stderr)
         return 2
     args.sweep_mix = [m for m in args.sweep_mix.split(",") if m]
     if not set(args.sweep_mix) <= set(sweeping.MIXES):

@@ -31,17 +31,25 @@ def specdec(*args: str) -> list[str]:
     return [sys.executable, "-m", "exporter", *args]
 
 
-def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8) -> Path:
-    """The routes as `measure` scenarios: their prompts (the first `prompts`), caps and
-    request fields, so measure's curve sees the traffic the A/B sends."""
+def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8, caps: int = 4) -> Path:
+    """The routes as `measure` scenarios: their prompts (the first `prompts`), lengths and
+    request fields, so measure's curve sees the traffic the A/B sends. A scenario has one
+    length (`max_tokens`), so a route with a spread is `caps` scenarios, `ROUTE_j` at the
+    spread's quantiles, each with its share of the prompts (measure sends each scenario about
+    as many requests, so the route's total stays what one scenario would get)."""
     lines = []
     for r in routes:
         s = builtin(r.scenario)
         extra = {k: v for k, v in r.body(0, None).items() if k not in ("model", "messages",
                                                                          "max_tokens")}  # fmt: skip
-        lines.append(json.dumps({"name": r.name, "max_tokens": r.max_tokens, "system": s.system,
-                                 "prompts": list(s.prompts[:prompts]), "extra_body": extra},
-                                ensure_ascii=False))  # fmt: skip
+        lengths = r.caps(caps)
+        share = max(1, prompts // len(lengths))
+        for j, tokens in enumerate(lengths):
+            name = r.name if len(lengths) == 1 else f"{r.name}_{j}"
+            mine = list(s.prompts[:prompts])[j * share : (j + 1) * share] or list(s.prompts[:share])
+            lines.append(json.dumps({"name": name, "max_tokens": tokens, "system": s.system,
+                                     "prompts": mine, "extra_body": extra},
+                                    ensure_ascii=False))  # fmt: skip
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 

@@ -7,6 +7,9 @@ first: the round trip and the prefill) leaves its slot out of the decode batch, 
 llama-server with a KV stream per slot a batch whose busy slots are not consecutive takes a
 pass over the weights per run of them; so steps during another client's gap are slower, and a
 route whose own clients are in a gap more often (shorter requests) is absent from more of them.
+With every request of a route at one length (`--length-spread 0`, runs 15-21) its clients stay
+in step and leave together: the other route then decodes alone in every other slot (clients
+alternate the routes), a pass per request.
 
 From the clients' timelines of a phase (`traffic.Span`, written by `gpu_payoff.py` under
 OUT/timelines/), per route: its decode rate, the other clients in a gap that its decode time

@@ -10,10 +10,14 @@ end requests at random lengths.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import math
+import random
+import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -26,29 +30,72 @@ from exporter.measure.stream_client import RequestFailed
 MODEL = "bench"
 
 
+# per-request lengths: lognormal, sigma of ln(tokens) (heavy-tailed around the route's mean),
+# cut at LONGEST x the mean: a slot holds 1024 tokens (32768 over 32 slots) and the agent's
+# prompts are up to 521, so 400 fit. Every request of a route at one length (runs
+# 15-21: `--length-spread 0`) keeps the closed loop's clients in step: a route's clients leave
+# the batch together, and on llama-server (a KV stream per slot, a weight pass per run of busy
+# slots) the other route decodes alone in scattered slots, which may be the per-route plain
+# split of docs/BENCHMARKS.md §11
+SPREAD = 0.6
+LONGEST = 2
+
+
 @dataclass(frozen=True)
 class Route:
-    """A workload: its prompts (a built-in scenario), token cap, header value and acceptance
-    (unconditional per position: P(more than i drafts accepted), as llama.cpp's
-    --spec-synth-rates reads them)."""
+    """A workload: its prompts (a built-in scenario), mean tokens per request and their spread
+    (`SPREAD`), header value and acceptance (unconditional per position: P(more than i drafts
+    accepted), as llama.cpp's --spec-synth-rates reads them)."""
 
     name: str
     scenario: str
-    max_tokens: int
+    mean_tokens: int
     header: str
     rates: tuple[float, ...]
+    spread: float = SPREAD
 
     @property
     def acceptance(self) -> float:
         """Accepted / drafted tokens at k = 3 (the deployed draft length)."""
         return sum(self.rates[:3]) / 3
 
+    def tokens(self, index: int) -> int:
+        """Request `index`'s length (its cap, reached: `ignore_eos`), the same on every run."""
+        if self.spread <= 0:
+            return self.mean_tokens
+        x = random.Random(f"{self.name}/{index}").lognormvariate(self._mu, self.spread)
+        return self._cut(x)
+
+    def caps(self, n: int) -> list[int]:
+        """n lengths at the spread's quantiles (j + 1/2) / n: the spread as `measure`'s fixed
+        caps (one where there is no spread)."""
+        if self.spread <= 0:
+            return [self.mean_tokens]
+        z = [statistics.NormalDist().inv_cdf((j + 0.5) / n) for j in range(n)]
+        return [self._cut(math.exp(self._mu + self.spread * x)) for x in z]
+
+    @functools.cached_property
+    def _mu(self) -> float:
+        """The mean of ln(tokens) that puts the cut spread's mean at `mean_tokens`."""
+        sigma, cut = self.spread, math.log(LONGEST * self.mean_tokens)
+        unit = statistics.NormalDist()
+        low, high = 0.0, cut
+        for _ in range(60):  # bisection: the cut mean rises with mu
+            mu = (low + high) / 2
+            mean = math.exp(mu + sigma**2 / 2) * unit.cdf((cut - mu - sigma**2) / sigma)
+            mean += math.exp(cut) * (1 - unit.cdf((cut - mu) / sigma))
+            low, high = (mu, high) if mean < self.mean_tokens else (low, mu)
+        return (low + high) / 2
+
+    def _cut(self, x: float) -> int:
+        return max(2, min(round(x), LONGEST * self.mean_tokens))
+
     def body(self, index: int, k: int | None) -> dict[str, Any]:
         """Request `index` of the route (its prompts in turn)."""
         found: dict[str, Any] = {
             "model": MODEL,
             "messages": builtin(self.scenario).messages(index),
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.tokens(index),
             "ignore_eos": True,
             # no prompt-cache reuse: a request whose prompt a slot holds whole takes llama-server's
             # "need to evaluate at least 1 token" path, which stalled the plain server for
@@ -60,6 +107,11 @@ class Route:
         if k is not None:
             found["speculative.n_max"] = k
         return found
+
+
+def spread(routes: Sequence[Route], sigma: float) -> tuple[Route, ...]:
+    """The routes with per-request lengths of that spread (0: every request at the mean)."""
+    return tuple(replace(r, spread=sigma) for r in routes)
 
 
 # the published workloads (36 % and 71 % acceptance at k = 3); positions 4-5 for the sweep

@@ -5,6 +5,7 @@ request fields, the patch applier, the measure pack and the table."""
 from __future__ import annotations
 
 import json
+import statistics
 import tarfile
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from bench.gpu.rounds import (
     within,
 )
 from bench.gpu.servers import Launch, Models, command
-from bench.gpu.traffic import AGENT, ROUTES, VOICE, assignment
+from bench.gpu.traffic import AGENT, LONGEST, ROUTES, VOICE, assignment, spread
 from exporter.config import load
 from exporter.measure.scenarios import load_file
 
@@ -100,6 +101,34 @@ def test_a_request_carries_its_routes_acceptance_and_draft_length() -> None:
     assert AGENT.acceptance == pytest.approx(0.71)
 
 
+def test_a_routes_lengths_spread_heavy_tailed_around_its_mean_and_repeat() -> None:
+    """Requests of one length keep a closed loop's clients in step (docs/BENCHMARKS.md §11,
+    run 22 planned): lengths are drawn per request, lognormal, the same on every run."""
+    for route in (VOICE, AGENT):
+        lengths = [route.tokens(i) for i in range(4000)]
+        assert statistics.fmean(lengths) == pytest.approx(route.mean_tokens, rel=0.05)
+        assert statistics.median(lengths) < 0.9 * route.mean_tokens  # skewed: a long tail
+        assert max(lengths) == LONGEST * route.mean_tokens and min(lengths) >= 2
+        assert [route.tokens(i) for i in range(50)] == lengths[:50]
+        assert len(set(lengths[:8])) >= 6  # consecutive requests (and clients) differ
+        assert route.body(5, None)["max_tokens"] == route.tokens(5)
+        fixed = spread([route], 0.0)[0]
+        assert {fixed.tokens(i) for i in range(50)} == {route.mean_tokens}
+
+
+def test_measure_sees_a_routes_spread_as_scenarios_at_its_quantiles(tmp_path: Path) -> None:
+    pack = product.scenario_pack(tmp_path / "pack.jsonl", ROUTES)
+    scenarios = load_file(pack)
+    names = [f"{r.name}_{j}" for r in ROUTES for j in range(4)]
+    assert [s.name for s in scenarios] == names
+    caps = [s.max_tokens for s in scenarios]
+    assert caps == VOICE.caps(4) + AGENT.caps(4) and caps[:4] == sorted(caps[:4])
+    assert statistics.fmean(caps[4:]) == pytest.approx(AGENT.mean_tokens, rel=0.1)
+    voice = [p for s in scenarios[:4] for p in s.prompts]  # the route's 8 prompts, 2 a cap
+    assert len(voice) == 8 and len(set(voice)) == 8
+    assert dict(scenarios[5].extra_body)["speculative.synth_rates"] == list(AGENT.rates)
+
+
 def test_the_patch_applier_takes_a_unified_diff(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
@@ -149,7 +178,7 @@ def test_a_packed_tree_unpacks_to_its_source(tmp_path: Path) -> None:
 
 
 def test_the_measure_pack_carries_each_routes_request_fields(tmp_path: Path) -> None:
-    pack = product.scenario_pack(tmp_path / "pack.jsonl", ROUTES, prompts=3)
+    pack = product.scenario_pack(tmp_path / "pack.jsonl", spread(ROUTES, 0.0), prompts=3)
     scenarios = load_file(pack)
     assert [s.name for s in scenarios] == ["voice_chat", "coding_agent"]
     extra = dict(scenarios[1].extra_body)
@@ -159,7 +188,7 @@ def test_the_measure_pack_carries_each_routes_request_fields(tmp_path: Path) -> 
         "speculative.synth_rates": list(AGENT.rates),
         "timings_per_token": True,
     }
-    assert len(scenarios[0].prompts) == 3 and scenarios[0].max_tokens == VOICE.max_tokens
+    assert len(scenarios[0].prompts) == 3 and scenarios[0].max_tokens == VOICE.mean_tokens
 
 
 PRINTED = """concurrency  running  s/step spec
@@ -328,6 +357,7 @@ def test_a_tie_is_missed_where_the_truth_leads_by_more_than_5_percent() -> None:
     [
         (["--steps", "ab,nope"], "--steps takes build,models,ab,sweep"),
         (["--sweep-mix", "mixed,both"], "--sweep-mix takes mixed,alone, got 'mixed,both'"),
+        (["--length-spread", "-1"], "--length-spread takes 0..2, got -1.0"),
     ],
 )
 def test_the_harness_refuses_an_unknown_step_or_mix(
