@@ -46,27 +46,39 @@ def entry(
     }
 
 
-def judged(speedup: Mapping[int, float | None], said: Sequence[int | None]) -> str:
-    """Whether the sidecar's readings of the best draft length (None: it said the top two are
-    within its error) meet the true one: `met` where each names the true best k; `met: tie`
-    where it said tie and the truth's top two are within the A/B's own tolerance (5 %);
+Said = int | tuple[int, ...]  # a k the sidecar named, or the ks it called a tie (its top two)
+
+
+def top_two(options: Mapping[int, float]) -> tuple[int, ...]:
+    """The sidecar's top two draft lengths by its own options: what a reading of no best k
+    (the top two within its error) left the user to choose between."""
+    return tuple(k for _, k in sorted(((v, k) for k, v in options.items()), reverse=True)[:2])
+
+
+def judged(speedup: Mapping[int, float | None], said: Sequence[Said]) -> str:
+    """Whether the sidecar's readings of the best draft length meet the true one: `met` where
+    each names the true best k; `met: tie` where it called its top two a tie and the truth
+    puts both within the A/B's own tolerance (5 %) of the best, so either choice is right;
     `within error` where it named a k whose truth is within that tolerance of the best;
     otherwise `missed`, with the readings that missed."""
     top = best(speedup)
     if top is None or not said:
         return "-"
-    k_best, lead = top
+    k_best = top[0]
     figure = speedup[k_best] or 0.0
+
+    def close(k: int) -> bool:
+        mine = speedup.get(k)
+        return mine is not None and bool(figure) and 1 - mine / figure <= TOLERANCE
+
     verdicts = []
     for k in said:
         if k == k_best:
             verdicts.append("met")
-        elif k is None:
-            verdicts.append("met: tie" if lead <= TOLERANCE else "missed")
+        elif isinstance(k, tuple):
+            verdicts.append("met: tie" if len(k) == 2 and all(map(close, k)) else "missed")
         else:
-            mine = speedup.get(k)
-            close = mine is not None and figure and 1 - mine / figure <= TOLERANCE
-            verdicts.append("within error" if close else "missed")
+            verdicts.append("within error" if close(k) else "missed")
     if "missed" in verdicts:
         return f"missed ({verdicts.count('missed')} of {len(verdicts)})"
     return "met" if set(verdicts) == {"met"} else " / ".join(sorted(set(verdicts)))

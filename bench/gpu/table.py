@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.gpu.sweep import judged
+from bench.gpu.sweep import Said, judged, top_two
 from exporter.core.table import aligned
 
 
@@ -75,7 +75,36 @@ def report(data: dict[str, Any]) -> str:
     lines += _plain_lines(data)
     if data.get("sweep"):
         lines += _sweep_lines(data)
+    lines += _verdict_lines(data)
     return "\n".join(lines)
+
+
+def _verdict_lines(data: dict[str, Any]) -> list[str]:
+    """The run against the issue's bounds in one place: the sidecar's speedups within 10 %
+    (and the 5 % goal) of the A/B truth, routes sharing the engine; its best-k readings met."""
+    errors = [
+        abs(f[key] / f["truth"] - 1)
+        for level in data.get("levels", [])
+        for f in level["routes"].values()
+        for key in ("estimated", "measured")
+        if f["truth"] and f[key] is not None
+    ]
+    lines = []
+    if errors:
+        lines.append(
+            f"\nSpeedups: {sum(e <= 0.10 for e in errors)} of {len(errors)} within 10 % of the"
+            f" truth, {sum(e <= 0.05 for e in errors)} within 5 %; worst {max(errors):.1%}"
+        )
+    seen = _sidecar(data)
+    verdicts = [
+        judged({int(k): v for k, v in s["speedup"].items()}, seen[key]["said"])
+        for s in data.get("sweep", [])
+        if s.get("mix") == "mixed" and (key := (s["concurrency"], s["route"])) in seen
+    ]
+    if verdicts:
+        met = sum(not v.startswith(("missed", "-")) for v in verdicts)
+        lines.append(f"Best draft length: {met} of {len(verdicts)} met (mixed sweep)")
+    return lines
 
 
 def _plain_lines(data: dict[str, Any]) -> list[str]:
@@ -146,9 +175,11 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
     ]
 
 
-def _said(said: list[int | None]) -> str:
-    """The sidecar's readings of the best k, in order ("tie": the top two within its error)."""
-    return "/".join("tie" if k is None else str(k) for k in said) or "-"
+def _said(said: list[Said]) -> str:
+    """The sidecar's readings of the best k, in order ("tie(a,b)": its top two within its
+    error)."""
+    return "/".join(f"tie({','.join(map(str, k))})" if isinstance(k, tuple) else str(k)
+                    for k in said) or "-"  # fmt: skip
 
 
 def _sidecar(data: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
@@ -161,9 +192,19 @@ def _sidecar(data: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
         for route, f in level["routes"].items():
             told = by_route.get(route, "-")
             out[(level["concurrency"], route)] = {
-                "said": f["best_draft_length"],
+                "said": _readings(f),
                 "options": {int(k): v for k, v in f.get("by_draft_length", {}).items()},
                 "advise": "tie" if told is None else str(told),
                 "truth": f["truth"],
             }
     return out
+
+
+def _readings(route: dict[str, Any]) -> list[Said]:
+    """Each reading's best k, or where it named none, its top two by its own options."""
+    said = route["best_draft_length"]
+    readings = route.get("readings") or [{}] * len(said)  # none kept: a tie names no k
+    return [
+        top_two({int(k): v for k, v in r.get("by_draft_length", {}).items()}) if b is None else b
+        for b, r in zip(said, readings, strict=True)
+    ]

@@ -289,6 +289,10 @@ def test_the_table_shows_truth_sidecar_and_sweep() -> None:
     assert options == ["sidecar", "-", "1.210", "1.140"]  # no k = 0 option: the plain engine
     # the sweep's k = 2 (the deployed k) against the mixed A/B's truth at that level
     assert "c=1 voice_chat: the sweep's k=2 x1.150 against the A/B's x1.100 (+4.5%)" in text
+    assert lines[-2:] == [
+        "Speedups: 2 of 2 within 10 % of the truth, 2 within 5 %; worst 2.7%",
+        "Best draft length: 1 of 1 met (mixed sweep)",
+    ]
 
 
 def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
@@ -334,7 +338,9 @@ def test_a_sweep_pools_its_two_rounds_per_k_over_k0() -> None:
     ("said", "expected"),
     [
         ([2, 2], "met"),
-        ([None], "met: tie"),  # the truth's top two within 5 %: 1.20 / 1.17
+        ([(2, 1)], "met: tie"),  # both within 5 % of the true best: 1.20 / 1.17
+        ([(1, 3)], "missed (1 of 1)"),  # its top two hold k = 3, 12.5 % under the best
+        ([(2,)], "missed (1 of 1)"),  # a tie needs two
         ([1, 2], "met / within error"),  # k = 1 is 2.6 % under the best
         ([3], "missed (1 of 1)"),
         ([2, 0], "missed (1 of 2)"),
@@ -342,14 +348,32 @@ def test_a_sweep_pools_its_two_rounds_per_k_over_k0() -> None:
     ],
 )
 def test_the_sidecars_best_k_is_judged_against_the_truth(
-    said: list[int | None], expected: str
+    said: list[sweep.Said], expected: str
 ) -> None:
     speedup = {0: 1.0, 1: 1.17, 2: 1.20, 3: 1.05}
     assert sweep.judged(speedup, said) == expected
 
 
 def test_a_tie_is_missed_where_the_truth_leads_by_more_than_5_percent() -> None:
-    assert sweep.judged({0: 1.0, 1: 0.83, 2: 0.70}, [None, 0]) == "missed (1 of 2)"
+    assert sweep.judged({0: 1.0, 1: 0.83, 2: 0.70}, [(0, 1), 0]) == "missed (1 of 2)"
+
+
+def test_the_table_judges_a_tie_by_the_sidecars_own_top_two() -> None:
+    """A reading of no best k is judged on the two k's its options rank first, not on the
+    truth's top two alone: here the truth's top two (1, 2) are within 5 %, but the sidecar's
+    top two are 2 and 3, and k = 3 is 17 % under the best."""
+    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
+             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 1.0,
+             "by_draft_length": {}, "best_draft_length": [None, 2],
+             "readings": [{"by_draft_length": {"1": 1.10, "2": 1.30, "3": 1.28}}, {}]}  # fmt: skip
+    data = {"levels": [{"concurrency": 1, "routes": {"voice_chat": route}}], "alone": [],
+            "sweep": [{"concurrency": 1, "route": "voice_chat", "mix": "mixed",
+                       "speedup": {0: 1.0, 1: 1.20, 2: 1.18, 3: 1.0}, "best": 1,
+                       "lead": 0.017}]}  # fmt: skip
+    lines = table.report(data).splitlines()
+    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    assert row[-6:] == ["tie(2,3)/2", "-", "missed", "(1", "of", "2)"]
+    assert lines[-1] == "Best draft length: 0 of 1 met (mixed sweep)"
 
 
 @pytest.mark.parametrize(
