@@ -54,7 +54,17 @@ from bench.gpu.models import write_models
 from bench.gpu.rounds import Rate, Round, settled, verdict, within
 from bench.gpu.servers import Launch, Server, command, running
 from bench.gpu.table import report
-from bench.gpu.traffic import ROUTES, SPREAD, VOICE, Route, Span, idle, phase, spread
+from bench.gpu.traffic import (
+    ROUTES,
+    VOICE,
+    Route,
+    Span,
+    add_spread_flag,
+    idle,
+    phase,
+    spread,
+    spread_error,
+)
 
 STEPS = ("build", "models", "ab", "sweep")
 TICK = 1.1  # the accounting's tick (1 s) and a margin: a window's figures hold what ended
@@ -292,8 +302,7 @@ def main() -> int:
     ap.add_argument("--max-rounds", type=int, default=4)
     ap.add_argument("--warm", type=float, default=10.0,
                     help="seconds of top-level traffic on each server before measure")  # fmt: skip
-    ap.add_argument("--length-spread", type=float, default=SPREAD,
-                    help="sigma of ln(tokens) (0: every request at the mean)")  # fmt: skip
+    add_spread_flag(ap)
     ap.add_argument("--k", type=int, default=3, help="the deployed draft length")
     ap.add_argument("--sweep-levels", default="1,16")
     ap.add_argument("--sweep-k", type=int, default=5)
@@ -308,8 +317,8 @@ def main() -> int:
     if not steps <= set(STEPS):
         print(f"gpu_payoff: --steps takes {','.join(STEPS)}, got {args.steps!r}", file=sys.stderr)
         return 2
-    if not 0 <= args.length_spread <= 2:
-        print(f"gpu_payoff: --length-spread takes 0..2, got {args.length_spread}", file=sys.stderr)
+    if error := spread_error(args):
+        print(f"gpu_payoff: {error}", file=sys.stderr)
         return 2
     args.sweep_mix = [m for m in args.sweep_mix.split(",") if m]
     if not set(args.sweep_mix) <= set(sweeping.MIXES):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +23,7 @@ from bench._run import free_port
 from bench.gpu import build as builder
 from bench.gpu.models import write_models
 from bench.gpu.servers import Launch, Server, command, running
-from bench.gpu.traffic import ROUTES, VOICE, idle, phase
+from bench.gpu.traffic import ROUTES, VOICE, add_spread_flag, idle, phase, spread, spread_error
 
 
 def counters(metrics_url: str) -> dict[str, float]:
@@ -49,7 +50,7 @@ def step_row(before: dict[str, float], after: dict[str, float], wall: float) -> 
     }
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server", type=Path, required=True, help="the patched llama-server")
     ap.add_argument("--source", type=Path, help="the sdist or packed tree (its gguf-py)")
@@ -59,7 +60,12 @@ def main() -> None:
     ap.add_argument("--phase", type=float, default=6.0)
     ap.add_argument("--warm", type=float, default=10.0)
     Launch.add_flags(ap)
+    add_spread_flag(ap)
     args = ap.parse_args()
+    if error := spread_error(args):
+        print(f"step_cost: {error}", file=sys.stderr)
+        return 2
+    routes = spread(ROUTES, args.length_spread)
     src = builder.prepare(args.source, args.work)
     models = write_models(src / "gguf-py", args.work / "models")
     launch = Launch.from_flags(args)
@@ -71,17 +77,18 @@ def main() -> None:
     ks = list(range(args.k + 1))
     with running([plain, spec]):
         for server in (plain, spec):  # the same slot history as the bench's servers
-            asyncio.run(phase(server.base_url, ROUTES, 32, args.warm))
+            asyncio.run(phase(server.base_url, routes, 32, args.warm))
             asyncio.run(idle(server.metrics_url))
         for c in (int(x) for x in args.levels.split(",")):
             for k in ks + ks[::-1]:
                 server = plain if k == 0 else spec
                 before, t0 = counters(server.metrics_url), time.monotonic()
-                asyncio.run(phase(server.base_url, ROUTES, c, args.phase, k=k or None))
+                asyncio.run(phase(server.base_url, routes, c, args.phase, k=k or None))
                 row = step_row(before, counters(server.metrics_url), time.monotonic() - t0)
                 print(json.dumps({"concurrency": c, "k": k, **row}), flush=True)
                 asyncio.run(idle(server.metrics_url))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ end requests at random lengths.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import json
@@ -112,6 +113,18 @@ class Route:
 def spread(routes: Sequence[Route], sigma: float) -> tuple[Route, ...]:
     """The routes with per-request lengths of that spread (0: every request at the mean)."""
     return tuple(replace(r, spread=sigma) for r in routes)
+
+
+def add_spread_flag(ap: argparse.ArgumentParser) -> None:
+    """--length-spread, one flag for every script that sends the routes."""
+    ap.add_argument("--length-spread", type=float, default=SPREAD,
+                    help="sigma of ln(tokens) (0: every request at the mean)")  # fmt: skip
+
+
+def spread_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with --length-spread, if anything (0..2: past 2 the cut takes most)."""
+    sigma = args.length_spread
+    return None if 0 <= sigma <= 2 else f"--length-spread takes 0..2, got {sigma}"
 
 
 # the published workloads (36 % and 71 % acceptance at k = 3); positions 4-5 for the sweep

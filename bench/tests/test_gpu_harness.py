@@ -401,6 +401,21 @@ def test_the_harness_refuses_an_unknown_step_or_mix(
     assert said in out.stderr and len(out.stderr.splitlines()) == 1
 
 
+def test_step_cost_takes_the_same_length_flag_and_refuses_a_bad_one() -> None:
+    """The step-cost reading sends the bench's routes at the A/B's spread (run 18 was at one
+    length per route), and refuses a bad spread before it builds or starts anything."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gpu.step_cost", "--server", "/nonexistent",
+         "--length-spread", "3"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr == "step_cost: --length-spread takes 0..2, got 3.0\n"
+
+
 GPU = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu"
 CASES = {  # the promtool tests generated from phases recorded on the H200 (BENCHMARKS §11)
     "gpu_costly_at_load_c32.yml": (
