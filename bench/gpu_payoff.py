@@ -280,7 +280,7 @@ def run_sweep(run: Run, sweep: Server, plain: Server, args: argparse.Namespace) 
                     rounds.append(rates)
                 for route in routes:
                     mine = [{k: r[k][route.name] for k in ks} for r in rounds]
-                    found = sweeping.entry(c, route.name, mix, mine)
+                    found = sweeping.entry(c, route.name, mix, mine, route.rates)
                     run.data["sweep"].append(found)
                     run.save()
                     figures = " ".join(f"k={k} x{found['speedup'][k] or 0:.3f}" for k in ks)

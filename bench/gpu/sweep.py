@@ -26,10 +26,15 @@ def _ratio(rate: Rate, reference: Rate) -> float | None:
 
 
 def entry(
-    concurrency: int, route: str, mix: str, rounds: Sequence[Mapping[int, Rate]]
+    concurrency: int,
+    route: str,
+    mix: str,
+    rounds: Sequence[Mapping[int, Rate]],
+    rates: Sequence[float] = (),
 ) -> dict[str, Any]:
     """One route's sweep at one level: per k its speedup (the rounds pooled), each round's, the
-    true best k and its lead over the runner-up."""
+    true best k and its lead over the runner-up, and with the route's synthetic `rates` the step
+    each k's speedup implies (`implied_steps`)."""
     ks = sorted(rounds[0])
     per_round = [{k: _ratio(r[k], r[0]) for k in ks} for r in rounds]
     pooled = {k: sum((r[k] for r in rounds), Rate()) for k in ks}
@@ -43,6 +48,19 @@ def entry(
         "rounds": per_round,
         "best": None if top is None else top[0],
         "lead": None if top is None else top[1],
+        "steps": implied_steps(speedup, rates),
+    }
+
+
+def implied_steps(
+    speedup: Mapping[int, float | None], rates: Sequence[float]
+) -> dict[int, float | None]:
+    """Per k, the step in plain steps that the true speedup implies: E(k) / speedup, E(k) = 1 +
+    the route's first k unconditional acceptance rates (what the server's synthetic acceptance
+    gives). The sidecar's options are E(k) over its step model, so this row beside measure's
+    steps says which of the two a best-k miss comes from (for k past the route's rates: none)."""
+    return {
+        k: (1 + sum(rates[:k])) / x if x and k <= len(rates) else None for k, x in speedup.items()
     }
 
 

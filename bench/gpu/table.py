@@ -149,6 +149,7 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
     rows = [["level", "route", "mix", *(f"k={k}" for k in ks), "true best (lead)",
              "sidecar best", "advise", "judged"]]  # fmt: skip
     notes = []
+    measured: dict[int, dict[int, float]] = {}  # level -> measure's steps, printed once
     for s in data["sweep"]:
         c, route, mix = s["concurrency"], s["route"], s.get("mix", "alone")
         speedup = {int(k): v for k, v in s["speedup"].items()}
@@ -167,9 +168,18 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
             if truth and swept:
                 notes.append(f"  c={c} {route}: the sweep's k={deployed} x{swept:.3f} against the "
                              f"A/B's x{truth:.3f} ({swept / truth - 1:+.1%})")  # fmt: skip
+        steps = {int(k): v for k, v in (s.get("steps") or {}).items()}
+        if mix == "mixed" and any(v is not None for v in steps.values()):
+            rows.append(["", "", "step, true", *(_f(steps.get(k)) for k in ks),
+                         "", "", "", ""])  # fmt: skip
+            if c not in measured:
+                measured[c] = _measure_steps(data, c, deployed)
+                rows.append(["", "", "step, measure", *(_f(measured[c].get(k)) for k in ks),
+                             "", "", "", ""])  # fmt: skip
     return [
         "\nThe true best draft length: the A/B at each k (k=0: plain), the routes together "
-        "(mixed) or alone; under each mixed row the sidecar's options in the mixed A/B",
+        "(mixed) or alone; under each mixed row the sidecar's options in the mixed A/B, the "
+        "step the truth implies (E(k) / speedup, in plain steps) and, once per level, measure's",
         *aligned(rows),
         *notes,
     ]
@@ -208,3 +218,18 @@ def _readings(route: dict[str, Any]) -> list[Said]:
         top_two({int(k): v for k, v in r.get("by_draft_length", {}).items()}) if b is None else b
         for b, r in zip(said, readings, strict=True)
     ]
+
+
+def _measure_steps(data: dict[str, Any], level: int, k: int) -> dict[int, float]:
+    """Measure's steps in plain steps at its point nearest the level: the draft lengths it
+    measured below k and the verify step at k (unscaled: the sidecar scales them to the live
+    step at k, so only their shape in k enters its options)."""
+    curve = (data.get("measure") or {}).get("curve") or []
+    point = min(curve, key=lambda p: abs(p["running"] - level), default=None)
+    if point is None:
+        return {}
+    plain = point["plain_seconds"]
+    steps = {0: 1.0, **{int(j): x / plain for j, x in (point.get("draft_seconds") or {}).items()}}
+    if point.get("verify_seconds"):
+        steps[k] = point["verify_seconds"] / plain
+    return steps

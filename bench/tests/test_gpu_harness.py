@@ -512,3 +512,33 @@ def test_a_phases_step_cost_is_wall_per_decode_call_from_the_servers_counters() 
     assert step_row(before, after, 6.0) == {"ms_per_decode": 20.0, "drafted_per_draft": 3.0}
     plain = {"llamacpp:n_decode_total": 10.0}
     assert step_row({}, plain, 0.5) == {"ms_per_decode": 50.0, "drafted_per_draft": None}
+
+
+def test_the_sweep_row_carries_the_step_its_truth_implies_beside_measures() -> None:
+    """Run 21, voice at c = 1: E(k) over the true speedup gives the step in plain steps (1.76,
+    1.88, 2.02, ...), printed under the row with measure's steps at that level (run 21: 1, 2, 3
+    drafts at 8.67 / 9.12 / 9.04 ms, plain 4.8), so a best-k miss shows which model missed."""
+    rates = (0.60, 0.30, 0.18, 0.10, 0.06)
+    speedup = {0: 1.0, 1: 0.91, 2: 1.01, 3: 1.03, 4: 1.07, 5: 1.01}
+    steps = sweep.implied_steps(speedup, rates)
+    assert steps[0] == 1.0 and steps[1] == pytest.approx(1.6 / 0.91)
+    assert steps[5] == pytest.approx(2.24 / 1.01)
+    assert sweep.implied_steps({0: 1.0, 6: 1.0, 2: None}, rates) == {0: 1.0, 6: None, 2: None}
+
+    def rate(tokens: float) -> Rate:
+        r = Rate()
+        r.add(tokens, 1.0)
+        return r
+
+    rounds = [{k: rate(100 * x) for k, x in speedup.items()}] * 2
+    found = sweep.entry(1, "voice_chat", "mixed", rounds, rates)
+    assert found["steps"] == pytest.approx(steps)
+    data = {"args": {"k": "3"}, "levels": [], "alone": [], "sweep": [found],
+            "measure": {"curve": [{"running": 1.0, "plain_seconds": 0.0048,
+                                   "verify_seconds": 0.00904,
+                                   "draft_seconds": {"1": 0.00867, "2": 0.00912}}]}}  # fmt: skip
+    lines = table.report(json.loads(json.dumps(data))).splitlines()
+    true_row = next(x.split() for x in lines if x.lstrip().startswith("step, true"))
+    assert true_row == ["step,", "true", "1.000", "1.758", "1.881", "2.019", "2.037", "2.218"]
+    measure_row = next(x.split() for x in lines if x.lstrip().startswith("step, measure"))
+    assert measure_row == ["step,", "measure", "1.000", "1.806", "1.900", "1.883", "-", "-"]
