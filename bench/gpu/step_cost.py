@@ -24,18 +24,17 @@ from bench.gpu import build as builder
 from bench.gpu.models import write_models
 from bench.gpu.servers import Launch, Server, command, running
 from bench.gpu.traffic import ROUTES, VOICE, add_spread_flag, idle, phase, spread, spread_error
+from exporter.scrape.exposition import scan
 
 
 def counters(metrics_url: str) -> dict[str, float]:
-    """The server's `llamacpp:` samples, by name with labels."""
+    """The server's `llamacpp:` samples, summed by name (the sidecar's own scanner)."""
     with urllib.request.urlopen(metrics_url, timeout=5) as reply:
         text = reply.read().decode()
-    return {
-        name: float(value)
-        for line in text.splitlines()
-        if line.startswith("llamacpp:") and len(parts := line.split()) >= 2
-        for name, value in [parts[:2]]
-    }
+    found: dict[str, float] = {}
+    for sample in scan(text, ("llamacpp:",)).samples:
+        found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    return found
 
 
 def step_row(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, Any]:

@@ -514,6 +514,36 @@ def test_a_phases_step_cost_is_wall_per_decode_call_from_the_servers_counters() 
     assert step_row({}, plain, 0.5) == {"ms_per_decode": 50.0, "drafted_per_draft": None}
 
 
+def test_step_cost_reads_the_servers_counters_over_http() -> None:
+    """Only `llamacpp:` samples, by name, through the sidecar's scanner: HELP/TYPE lines and
+    other families are not counters of the step."""
+    import http.server
+    import threading
+
+    from bench.gpu.step_cost import counters
+
+    page = (b"# HELP llamacpp:n_decode_total calls\n# TYPE llamacpp:n_decode_total counter\n"
+            b"llamacpp:n_decode_total 12\nllamacpp:spec_decode_num_drafts_total 3\n"
+            b"process_cpu_seconds_total 9\n")  # fmt: skip
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        found = counters(f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+    assert found == {"llamacpp:n_decode_total": 12.0, "llamacpp:spec_decode_num_drafts_total": 3.0}
+
+
 def test_the_sweep_row_carries_the_step_its_truth_implies_beside_measures() -> None:
     """Run 21, voice at c = 1: E(k) over the true speedup gives the step in plain steps (1.76,
     1.88, 2.02, ...), printed under the row with measure's steps at that level (run 21: 1, 2, 3
