@@ -95,6 +95,8 @@ def _verdict_lines(data: dict[str, Any]) -> list[str]:
             f"\nSpeedups: {sum(e <= 0.10 for e in errors)} of {len(errors)} within 10 % of the"
             f" truth, {sum(e <= 0.05 for e in errors)} within 5 %; worst {max(errors):.1%}"
         )
+    elif data.get("levels"):
+        lines.append("\nSpeedups: none judged (no level has a truth: no two rounds agreed)")
     seen = _sidecar(data)
     verdicts = [
         judged({int(k): v for k, v in s["speedup"].items()}, seen[key]["said"])

@@ -307,6 +307,15 @@ def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
     data = {"levels": [{"concurrency": 16, "routes": routes}], "alone": [],
             "measure": {"curve": [{"running": 1.0, "plain_seconds": 0.0047},
                                   {"running": 15.73, "plain_seconds": 0.011324}]}}  # fmt: skip
+    assert (
+        table.report(data).splitlines()[-1]
+        == "Speedups: 2 of 2 within 10 % of the truth, 2 within 5 %; worst 0.0%"
+    )
+    untold = {**route, "truth": None, "pair": None}
+    lost = {"levels": [{"concurrency": 1, "routes": {"voice_chat": untold}}], "alone": []}
+    assert table.report(lost).splitlines()[-1] == (
+        "Speedups: none judged (no level has a truth: no two rounds agreed)"
+    )
     line = next(x for x in table.report(data).splitlines() if "plain decode" in x)
     assert line == (
         "  c=16 plain decode per request, tok/s: voice_chat 92.2, coding_agent 81.8"
