@@ -309,7 +309,7 @@ def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
                                   {"running": 15.73, "plain_seconds": 0.011324}]}}  # fmt: skip
     assert (
         table.report(data).splitlines()[-1]
-        == "Speedups: 2 of 2 within 10 % of the truth, 2 within 5 %; worst 0.0%"
+        == "Speedups: 4 of 4 within 10 % of the truth, 4 within 5 %; worst 0.0%"
     )
     untold = {**route, "truth": None, "pair": None}
     lost = {"levels": [{"concurrency": 1, "routes": {"voice_chat": untold}}], "alone": []}
