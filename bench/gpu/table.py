@@ -106,11 +106,11 @@ def _verdict_lines(data: dict[str, Any]) -> list[str]:
     if verdicts:
         # the rule: the true best k named, or a tie the truth bears out; a wrong k
         # within 5 % of the best is counted apart, not as met
-        judged_ = [v for v in verdicts if v != "-"]
-        near = sum("within error" in v and not v.startswith("missed") for v in judged_)
-        met = sum(v.startswith("met") and "within error" not in v for v in judged_)
+        counted = [v for v in verdicts if v != "-"]
+        near = sum("within error" in v and not v.startswith("missed") for v in counted)
+        met = sum(v.startswith("met") and "within error" not in v for v in counted)
         lines.append(
-            f"Best draft length: {met} of {len(judged_)} met (mixed sweep)"
+            f"Best draft length: {met} of {len(counted)} met (mixed sweep)"
             + (f"; {near} named a k within 5 % of the best" if near else "")
         )
     return lines
