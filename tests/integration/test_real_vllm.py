@@ -47,6 +47,7 @@ from tests.helpers import (
 )
 from tests.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv, start_all
 from tests.rig import ROUTES
+from tests.wiretap import TRANSPARENCY, Wiretap, relay_difference
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
 
@@ -152,15 +153,16 @@ def sim_args(url: str, level: str) -> list[str]:
 
 
 @asynccontextmanager
-async def sidecar(upstream: str) -> AsyncIterator[tuple[Sidecar, str, str]]:
-    """An in-process sidecar with its proxy in front of `upstream`, the routes of tests/rig.py
-    (X-Route: voice -> voice_chat, /agent -> coding_agent); scraping every 0.5 s, so that the
-    real server's /metrics handler competes little with its streams."""
+async def sidecar(upstream: str, via: str | None = None) -> AsyncIterator[tuple[Sidecar, str, str]]:
+    """An in-process sidecar with its proxy in front of `upstream` (reached `via` another
+    address, a tap, where given; scraped directly), the routes of tests/rig.py (X-Route: voice
+    -> voice_chat, /agent -> coding_agent); scraping every 0.5 s, so that the real server's
+    /metrics handler competes little with its streams."""
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
         targets=(Target("real", f"{upstream}/metrics", interval=0.5),),
-        proxy=ProxyConfig(upstream, ("127.0.0.1", proxy_port), "real", ROUTES),
+        proxy=ProxyConfig(via or upstream, ("127.0.0.1", proxy_port), "real", ROUTES),
         models=(ModelConfig(MODEL, K, 1.5),),
     )
     side = Sidecar(config)
@@ -731,16 +733,6 @@ def normalise(raw: bytes) -> bytes:
     return raw
 
 
-TRANSPARENCY: dict[str, tuple[bool, bool, dict[str, bool] | None]] = {
-    # case: (chat, stream, stream_options)
-    "chat_stream_no_usage": (True, True, None),  # the proxy injects include_usage
-    "chat_stream_include_usage": (True, True, {"include_usage": True}),
-    "chat_whole": (True, False, None),
-    "completions_stream_no_usage": (False, True, None),
-    "chat_stream_continuous_only": (True, True, {"continuous_usage_stats": True}),
-}
-
-
 def merged_steps_only(a: bytes, b: bytes) -> bool:
     """True when two masked streams differ only in where content is cut into events: the same
     text, and the same events once consecutive content events are taken as one."""
@@ -761,42 +753,53 @@ CONTENT = re.compile(rb'"(content|text)":"((?:[^"\\]|\\.)+)"')
 
 @pytest.mark.parametrize("case", list(TRANSPARENCY))
 async def test_proxy_is_byte_transparent_on_real_vllm(real: RealVllm, case: str) -> None:
-    """Direct, then through the proxy: the same bytes once ids, `created` and fingerprints are
-    masked. vLLM merges the outputs of consecutive steps into one event when its HTTP side lags
-    behind the engine (2 busy cores), so the chunking of two identical requests can differ:
-    a pair is retried a few times, and must be identical once."""
+    """Through the proxy, every attempt: the client gets the very events vLLM sent the proxy,
+    cut where vLLM cut them, less only what the proxy asked for beyond the client (a TCP tap
+    between the two keeps vLLM's bytes). Against a direct request: the same bytes once ids,
+    `created` and fingerprints are masked. vLLM merges the outputs of consecutive steps into
+    one event when its HTTP side lags behind the engine (2 busy cores), so two identical
+    requests can be cut differently: a pair is retried a few times and must be identical once,
+    or differ only where vLLM cut the text (the tap shows the proxy cut nothing)."""
     chat, stream, options = TRANSPARENCY[case]
     srv = real.main
     payload = body(PROMPTS["ja"], chat, stream, options, max_tokens=24)
     attempts: list[tuple[bytes, bytes]] = []
-    async with sidecar(srv.base_url) as (_, proxy, _), aiohttp.ClientSession() as session:
-        for _ in range(5):
-            direct = await send(session, srv.base_url + path(chat), payload, VOICE_HEADERS)
-            proxied = await send(session, proxy + path(chat), payload, VOICE_HEADERS)
-            assert direct.status == 200
-            assert (proxied.status, proxied.content_type) == (direct.status, direct.content_type)
-            attempts.append((normalise(direct.raw), normalise(proxied.raw)))
-            if attempts[-1][0] == attempts[-1][1]:
-                break
-    print(
-        f"{case}: identical at attempt {len(attempts)}"
-        if attempts[-1][0] == attempts[-1][1]
-        else f"{case}: never identical"
-    )
+    host, port = srv.base_url.removeprefix("http://").rsplit(":", 1)
+    tap = Wiretap(host, int(port))
+    try:
+        via = await tap.start()
+        async with (
+            sidecar(srv.base_url, via=via) as (_, proxy, _),
+            aiohttp.ClientSession() as session,
+        ):
+            for _ in range(5):
+                direct = await send(session, srv.base_url + path(chat), payload, VOICE_HEADERS)
+                mark = tap.mark()
+                proxied = await send(session, proxy + path(chat), payload, VOICE_HEADERS)
+                assert direct.status == 200
+                assert (proxied.status, proxied.content_type) == (
+                    direct.status,
+                    direct.content_type,
+                )
+                upstream = tap.since(mark)
+                assert len(upstream) == 1, f"the tap carried {len(upstream)} replies"
+                assert not (differ := relay_difference(proxied.raw, upstream[0], options)), (
+                    f"the proxy's reply is not what vLLM sent it: {differ}"
+                )
+                attempts.append((normalise(direct.raw), normalise(proxied.raw)))
+                if attempts[-1][0] == attempts[-1][1]:
+                    break
+    finally:
+        await tap.stop()
     a, b = attempts[-1]
-    if a != b:
-        merged = all(merged_steps_only(x, y) for x, y in attempts)
+    print(f"{case}: identical at attempt {len(attempts)}" if a == b else f"{case}: never identical")
+    if a != b and not all(merged_steps_only(x, y) for x, y in attempts):
         lines = difflib.unified_diff(
             a.decode().split("\n\n"), b.decode().split("\n\n"), "direct", "proxy", lineterm=""
         )
         pytest.fail(
-            f"the proxy changed the bytes in all {len(attempts)} attempts ("
-            + (
-                "each time only where vLLM cut the text into events: its steps were merged"
-                if merged
-                else "beyond where vLLM cut the text into events"
-            )
-            + f"; {len({x for x, _ in attempts})} distinct direct replies); the last pair:\n"
+            f"the proxy's bytes differ from vLLM's beyond where vLLM cut the text into events "
+            f"({len({x for x, _ in attempts})} distinct direct replies); the last pair:\n"
             + "\n".join(lines),
             pytrace=False,
         )
