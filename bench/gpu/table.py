@@ -166,7 +166,7 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
         rows.append([
             str(c), route, mix, *(_f(speedup.get(k)) for k in ks),
             f"{s['best']} ({s['lead']:+.1%})" if s["best"] is not None else "-",
-            "-" if mine is None else _said(mine["said"]),
+            "-" if mine is None else _said(mine["readings"]),
             "-" if mine is None else mine["advise"],
             "-" if mine is None else judged(speedup, mine["said"]),
         ])  # fmt: skip
@@ -202,21 +202,32 @@ def _said(said: list[Said]) -> str:
 
 
 def _sidecar(data: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
-    """(level, route) -> what the sidecar said in the mixed A/B: its best-k readings, its
-    options by draft length, advise's best k, and the A/B truth."""
+    """(level, route) -> what the sidecar said in the mixed A/B: its best-k readings, then
+    advise's (judged alike: the issue holds both to the true best k), its options by draft
+    length, advise's best k as printed, and the A/B truth."""
     out = {}
     for level in data.get("levels", []):
         advice = level.get("advise") or {}
-        by_route = {r["route"]: r.get("best_draft_length") for r in advice.get("routes", [])}
+        told = {r["route"]: _advised(r) for r in advice.get("routes", [])}
         for route, f in level["routes"].items():
-            told = by_route.get(route, "-")
+            mine, readings = told.get(route), _readings(f)
             out[(level["concurrency"], route)] = {
-                "said": _readings(f),
+                "readings": readings,
+                "said": readings + ([] if mine is None else [mine]),
                 "options": {int(k): v for k, v in f.get("by_draft_length", {}).items()},
-                "advise": "tie" if told is None else str(told),
+                "advise": "-" if mine is None else _said([mine]),
                 "truth": f["truth"],
             }
     return out
+
+
+def _advised(route: dict[str, Any]) -> Said:
+    """`specdec advise --json`'s best k for a route, or where it named none, its top two by
+    its options ({k: [speedup, half-width]})."""
+    best = route.get("best_draft_length")
+    if best is not None:
+        return int(best)
+    return top_two({int(k): v[0] for k, v in (route.get("by_draft_length") or {}).items()})
 
 
 def _readings(route: dict[str, Any]) -> list[Said]:

@@ -389,6 +389,30 @@ def test_the_count_of_best_ks_met_keeps_a_near_k_apart() -> None:
     )
 
 
+def test_advise_is_judged_with_the_sidecars_readings() -> None:
+    """The issue holds advise's best k to the truth too: its "tie" by its own top two."""
+    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
+             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 1.0,
+             "by_draft_length": {}, "best_draft_length": [2, 2]}  # fmt: skip
+    advice = {"routes": [{"route": "voice_chat", "best_draft_length": None,
+                          "by_draft_length": {"1": [1.0, 0.1], "2": [1.21, 0.1],
+                                              "3": [1.2, 0.1]}}]}  # fmt: skip
+    data = {"levels": [{"concurrency": 1, "routes": {"voice_chat": route}, "advise": advice}],
+            "alone": [],
+            "sweep": [{"concurrency": 1, "route": "voice_chat", "mix": "mixed",
+                       "speedup": {0: 1.0, 1: 1.17, 2: 1.20, 3: 1.05}, "best": 2,
+                       "lead": 0.026}]}  # fmt: skip
+    lines = table.report(data).splitlines()
+    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    # the sidecar named 2 twice (met); advise called 2 and 3 a tie, and 3 is 12.5 % under
+    assert row[-6:] == ["2/2", "tie(2,3)", "missed", "(1", "of", "3)"]
+    advice["routes"][0]["by_draft_length"]["3"] = [0.9, 0.1]  # now its top two are 2 and 1
+    lines = table.report(data).splitlines()
+    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    assert row[-6:] == ["2/2", "tie(2,1)", "met", "/", "met:", "tie"]
+    assert lines[-1] == "Best draft length: 1 of 1 met (mixed sweep)"
+
+
 def test_a_tie_is_missed_where_the_truth_leads_by_more_than_5_percent() -> None:
     assert sweep.judged({0: 1.0, 1: 0.83, 2: 0.70}, [(0, 1), 0]) == "missed (1 of 2)"
 
