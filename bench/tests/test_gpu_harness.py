@@ -8,6 +8,7 @@ import json
 import statistics
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,12 +296,39 @@ def test_the_table_shows_truth_sidecar_and_sweep() -> None:
     ]
 
 
+def _route(**changes: Any) -> dict[str, Any]:
+    """A level's figures for one route in results.json: truth 1.0 from two agreeing rounds,
+    the sidecar on it, no options; `changes` over that."""
+    base = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
+            "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 1.0,
+            "by_draft_length": {}}  # fmt: skip
+    return {**base, **changes}
+
+
+def _one_mixed_level(
+    route: dict[str, Any], speedup: dict[int, float], advice: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A results document: voice alone in the A/B at c = 1 and its mixed sweep there."""
+    level: dict[str, Any] = {"concurrency": 1, "routes": {"voice_chat": route}}
+    if advice is not None:
+        level["advise"] = advice
+    found = sweep.best(speedup)
+    return {"levels": [level], "alone": [],
+            "sweep": [{"concurrency": 1, "route": "voice_chat", "mix": "mixed",
+                       "speedup": speedup, "best": found and found[0],
+                       "lead": found and found[1]}]}  # fmt: skip
+
+
+def _mixed_row(data: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The table's mixed sweep row at c = 1, split, and all its lines."""
+    lines = table.report(data).splitlines()
+    return next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x), lines
+
+
 def test_the_table_shows_each_routes_plain_decode_beside_measures() -> None:
     """The per-route split on the plain server and measure's plain level, the error the
     sidecar's one plain step per batch cannot see (run 19, c = 16)."""
-    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
-             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 15.6,
-             "by_draft_length": {}, "best_draft_length": [None]}  # fmt: skip
+    route = _route(batch=15.6, best_draft_length=[None])
     voice = {"rate": 92.2, "gaps": 1.1, "line": 90.0}
     agent = {"rate": 81.8, "gaps": 1.9, "line": 84.0}
     routes = {"voice_chat": {**route, "plain": voice}, "coding_agent": {**route, "plain": agent}}
@@ -366,9 +394,7 @@ def test_the_sidecars_best_k_is_judged_against_the_truth(
 def test_the_count_of_best_ks_met_keeps_a_near_k_apart() -> None:
     """The issue asks for the true best k, or a tie the truth bears out: a named k within 5 %
     of the best is reported beside the count, not in it."""
-    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
-             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 1.0,
-             "by_draft_length": {}}  # fmt: skip
+    route = _route()
     sweep_row = {"concurrency": 1, "mix": "mixed", "speedup": {0: 1.0, 1: 1.17, 2: 1.20},
                  "best": 2, "lead": 0.026}  # fmt: skip
     data = {
@@ -391,24 +417,16 @@ def test_the_count_of_best_ks_met_keeps_a_near_k_apart() -> None:
 
 def test_advise_is_judged_with_the_sidecars_readings() -> None:
     """The issue holds advise's best k to the truth too: its "tie" by its own top two."""
-    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
-             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 1.0,
-             "by_draft_length": {}, "best_draft_length": [2, 2]}  # fmt: skip
+    route = _route(best_draft_length=[2, 2])
     advice = {"routes": [{"route": "voice_chat", "best_draft_length": None,
                           "by_draft_length": {"1": [1.0, 0.1], "2": [1.21, 0.1],
                                               "3": [1.2, 0.1]}}]}  # fmt: skip
-    data = {"levels": [{"concurrency": 1, "routes": {"voice_chat": route}, "advise": advice}],
-            "alone": [],
-            "sweep": [{"concurrency": 1, "route": "voice_chat", "mix": "mixed",
-                       "speedup": {0: 1.0, 1: 1.17, 2: 1.20, 3: 1.05}, "best": 2,
-                       "lead": 0.026}]}  # fmt: skip
-    lines = table.report(data).splitlines()
-    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    data = _one_mixed_level(route, {0: 1.0, 1: 1.17, 2: 1.20, 3: 1.05}, advice)
+    row, _ = _mixed_row(data)
     # the sidecar named 2 twice (met); advise called 2 and 3 a tie, and 3 is 12.5 % under
     assert row[-6:] == ["2/2", "tie(2,3)", "missed", "(1", "of", "3)"]
     advice["routes"][0]["by_draft_length"]["3"] = [0.9, 0.1]  # now its top two are 2 and 1
-    lines = table.report(data).splitlines()
-    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    row, lines = _mixed_row(data)
     assert row[-6:] == ["2/2", "tie(2,1)", "met", "/", "met:", "tie"]
     assert lines[-1] == "Best draft length: 1 of 1 met (mixed sweep)"
 
@@ -421,16 +439,11 @@ def test_the_table_judges_a_tie_by_the_sidecars_own_top_two() -> None:
     """A reading of no best k is judged on the two k's its options rank first, not on the
     truth's top two alone: here the truth's top two (1, 2) are within 5 %, but the sidecar's
     top two are 2 and 3, and k = 3 is 17 % under the best."""
-    route = {"truth": 1.0, "rounds": [1.0, 1.0], "pair": [0, 1], "outliers": [],
-             "estimated": 1.0, "measured": 1.0, "tokens_per_step": 2.0, "batch": 1.0,
-             "by_draft_length": {}, "best_draft_length": [None, 2],
-             "readings": [{"by_draft_length": {"1": 1.10, "2": 1.30, "3": 1.28}}, {}]}  # fmt: skip
-    data = {"levels": [{"concurrency": 1, "routes": {"voice_chat": route}}], "alone": [],
-            "sweep": [{"concurrency": 1, "route": "voice_chat", "mix": "mixed",
-                       "speedup": {0: 1.0, 1: 1.20, 2: 1.18, 3: 1.0}, "best": 1,
-                       "lead": 0.017}]}  # fmt: skip
-    lines = table.report(data).splitlines()
-    row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
+    route = _route(
+        best_draft_length=[None, 2],
+        readings=[{"by_draft_length": {"1": 1.1, "2": 1.3, "3": 1.28}}, {}],
+    )
+    row, lines = _mixed_row(_one_mixed_level(route, {0: 1.0, 1: 1.20, 2: 1.18, 3: 1.0}))
     assert row[-6:] == ["tie(2,3)/2", "-", "missed", "(1", "of", "2)"]
     assert lines[-1] == "Best draft length: 0 of 1 met (mixed sweep)"
 
