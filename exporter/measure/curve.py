@@ -6,11 +6,16 @@ step's seconds depend on beyond the batch (new requests' prefills land in the de
 measured on a GPU llama-server: at batch 4, 49 tok/s per request in a mixed phase against 77
 when each scenario ran alone, docs/BENCHMARKS.md §11). Against the speculative endpoint, then
 the plain one (the same model without speculation), so the two see the same load. Only the
-steady part counts: the requests that ended before the first worker ran out of work (`full`),
-and the engine's running requests (its batch gauge, `Engine.running_gauge`) sampled from its
-/metrics until then; the tail, as the batch drains, is left out (on a GPU llama-server its
-steps cost 16-30 ms a token against 11-16 steady at c = 16-32: the slots still busy are no
-longer contiguous, and it splits a batch per run of them, §11). Per level:
+steady part counts (`Phase.window`): from the time as many requests have ended as there are
+workers (the first cohort, sent together with its prefills batched and no arrivals between
+them, has turned over) to the time the first worker finds nothing left (from then on the batch
+drains: on a GPU llama-server its steps cost 16-30 ms a token against 11-16 steady at
+c = 16-32, the busy slots no longer contiguous, §11). Each request counts with the part of its
+decode inside that window, pro rata: counting only the requests that ended inside it chose the
+ones that ran fast (on the H200 at c = 16: 81.3 tok/s by the server's own per-request timings,
+against 72.2 for all decode inside the window and 73.9 in the A/B's 8-s phases; run 22, §11).
+The engine's running requests (its batch gauge, `Engine.running_gauge`) are sampled from its
+/metrics over the same window. Per level:
 
 - plain seconds per step = decode seconds / decode tokens (one token per plain step);
 - speculative seconds per step = decode seconds / decode steps, the steps from each request's
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -66,33 +72,51 @@ class Phase:
     """One endpoint at one level: its requests and the batch seen while they ran."""
 
     results: list[ScenarioResult] = field(default_factory=list)
-    running: list[float] = field(default_factory=list)
+    running: list[tuple[float, float]] = field(default_factory=list)  # (time, the batch gauge)
     counted: Counts | None = None  # the engine's /metrics delta over the phase
+    workers: int = 1
+    dry_at: float | None = None  # when a worker first found nothing left to send
 
     @property
     def requests(self) -> list[Request]:
         return [r for s in self.results for r in s.requests]
 
-    @property
-    def steady(self) -> list[Request]:
-        """The requests that ran at the level throughout (all of them where none did)."""
-        return [r for r in self.requests if r.full] or self.requests
+    def window(self) -> tuple[float, float] | None:
+        """The steady part, on time.perf_counter()'s clock: from the `workers`-th request's end
+        to `dry_at` (None where that is empty or unknown: then all of the phase counts)."""
+        ends = sorted(span[1] for r in self.requests if (span := r.result.decode_span))
+        if self.dry_at is None or len(ends) < self.workers:
+            return None
+        start = ends[self.workers - 1]
+        return (start, self.dry_at) if start < self.dry_at else None
 
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not counted),
-        over the steady requests."""
+        inside the window: each request's share of them as much as its decode lies in it."""
+        window = self.window()
         tokens = seconds = steps = 0.0
         counted = True
-        for r in self.steady:
+        for r in self.requests:
             own, spent, made = r.decode()
-            if spent <= 0:
+            span = r.result.decode_span
+            if spent <= 0 or span is None:
                 continue
-            tokens, seconds = tokens + own, seconds + spent
+            inside = spent if window is None else min(window[1], span[1]) - max(window[0], span[0])
+            if inside <= 0:
+                continue
+            share = inside / spent
+            tokens, seconds = tokens + own * share, seconds + inside
             if made is None:
                 counted = False
                 continue
-            steps += made
+            steps += made * share
         return tokens, seconds, steps if counted and steps else None
+
+    def batch(self) -> list[float]:
+        """The batch gauge's reads inside the window (all of them where none is)."""
+        window = self.window()
+        inside = [v for t, v in self.running if window and window[0] <= t <= window[1]]
+        return inside or [v for _, v in self.running]
 
 
 @dataclass
@@ -122,7 +146,7 @@ class Level:
         p_tokens, p_seconds, _ = self.plain.decode()
         spec_rate = s_tokens / s_seconds if s_seconds else None
         plain_rate = p_tokens / p_seconds if p_seconds else None
-        samples = self.spec.running + self.plain.running
+        samples = self.spec.batch() + self.plain.batch()
         busy = sum(samples)  # weighed by requests: the batch a running request sees
         return {
             "concurrency": self.concurrency,
@@ -148,14 +172,14 @@ async def _sample(
     session: aiohttp.ClientSession,
     metrics_url: str,
     gauge: str,
-    into: list[float],
+    into: list[tuple[float, float]],
     until: asyncio.Event,
 ) -> None:
     while not until.is_set():
         with contextlib.suppress(MeasureError):
             value = running_requests(await engine_page(session, metrics_url), gauge)
             if value is not None:
-                into.append(value)
+                into.append((time.perf_counter(), value))
         await asyncio.sleep(SAMPLE_EVERY)
 
 
@@ -174,13 +198,19 @@ async def _phase(
     phase.results.extend(results.values())
     items = interleaved(scenarios, runs)
     gauge = plan.engine.running_gauge
+    phase.workers = plan.concurrency
     drained = asyncio.Event()
+
+    def on_drain() -> None:
+        phase.dry_at = time.perf_counter()
+        drained.set()
+
     sampler = None
     if gauge is not None:  # TensorRT-LLM has none: the level has no batch to plot against
         sampler = asyncio.create_task(_sample(session, metrics_url, gauge, phase.running, drained))
     try:
         phase.counted = await replay(
-            session, base_url, metrics_url, model, items, plan, results, drained
+            session, base_url, metrics_url, model, items, plan, results, on_drain
         )
     finally:
         if sampler is not None:

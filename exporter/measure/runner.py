@@ -37,7 +37,6 @@ class Request:
 
     result: Result
     counts: Counts | None
-    full: bool = True  # ended while work was still queued: the engine ran the whole level
 
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not known)."""
@@ -183,22 +182,22 @@ async def replay(
     items: list[tuple[Scenario, int]],
     plan: Plan,
     results: dict[str, ScenarioResult],
-    drained: asyncio.Event | None = None,
+    on_drain: Callable[[], None] | None = None,
 ) -> Counts | None:
     """Send `items` with `plan.concurrency` workers, each request's result into its scenario's
     (so an interrupted run still has what it got); the engine's /metrics delta around them
-    (None without speculative-decoding counters). `drained` is set when a worker first finds
-    nothing left to send: from then on the batch falls, and a request ending after it is not
-    `full`."""
+    (None without speculative-decoding counters). `on_drain` is called when a worker first
+    finds nothing left to send: from then on the batch falls."""
     fams = plan.engine.families()
     before = await engine_page(session, metrics_url)
     queue = list(items)
     todo = {name: sum(1 for s, _ in items if s.name == name) for name in results}
     url = f"{base_url}/v1/chat/completions"
     flag = plan.engine.request_flag
-    ran_dry = drained or asyncio.Event()
+    draining = False
 
     async def worker(index: int) -> None:
+        nonlocal draining
         pinned = plan.engine.worker_fields(index)
         while queue:
             scenario, i = queue.pop(0)
@@ -217,12 +216,14 @@ async def replay(
             try:
                 r = await stream_chat(session, url, body)
                 counts = plan.engine.stream_counts(r.events)
-                result.requests.append(Request(r, counts, full=not ran_dry.is_set()))
+                result.requests.append(Request(r, counts))
             except (RequestFailed, aiohttp.ClientError) as exc:
                 result.failures.append(str(exc) or type(exc).__name__)
             done = len(result.requests) + len(result.failures)
             plan.progress(scenario.name, done, todo[scenario.name])
-        ran_dry.set()
+        if not draining and on_drain is not None:
+            on_drain()
+        draining = True
 
     for result in results.values():
         result.model = model

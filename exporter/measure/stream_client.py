@@ -22,6 +22,15 @@ class Result:
     completion_tokens: int
     finish_reason: str | None
     events: tuple[dict[str, Any], ...] = ()  # the events without content, in order
+    sent: float = 0.0  # time.perf_counter() when sent: where the decode lies in a phase
+
+    @property
+    def decode_span(self) -> tuple[float, float] | None:
+        """(first content token, last), on time.perf_counter()'s clock (None: no content)."""
+        if self.ttft is None:
+            return None
+        first = self.sent + self.ttft
+        return first, first + self.decode_seconds
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -77,4 +86,5 @@ async def stream_chat(
         completion_tokens=usage_tokens,
         finish_reason=finish,
         events=tuple(events),
+        sent=sent,
     )
