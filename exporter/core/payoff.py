@@ -126,21 +126,18 @@ class StepCurve:
         known = [(p.running, p.verify_seconds) for p in self.points if p.verify_seconds is not None]
         return _interpolate(known, running) if known else None
 
-    def drafting(self, running: float, scaled_to: float | None = None) -> dict[int, float]:
-        """The verify step's seconds at each draft length measured below k, at `running`;
-        with `scaled_to` (an observed step at k), times it / the curve's verify step there:
-        the curve gives the shape in k, the live step its level. Unscaled, the options would
-        join measure's steps below k to a live step at k that may differ (H200, c = 16: 15 %
-        slower than measure's, docs/BENCHMARKS.md §11 run 19), a kink that named the best k."""
+    def drafting(self, running: float) -> dict[int, float]:
+        """The verify step's seconds at each draft length measured below k, at `running`, as
+        measured: each point is its own phase of `measure`, so scaling them all to the live
+        step at k would carry that one phase's error into every option (H200, c = 16: measure's
+        step at 1 draft within 0.2 % of the truth's, at k 9 % over the live step; scaled, the
+        options at 1 read 12-19 % high and named 1 where the truth ranked 0 and 4: §11, run 23).
+        Scaling was needed while measure's window chose fast requests (run 19, a kink at k)."""
         found: dict[int, list[tuple[float, float]]] = {}
         for p in self.points:
             for length, seconds in p.draft_seconds:
                 found.setdefault(length, []).append((p.running, seconds))
-        verify = self.verify(running)
-        scale = scaled_to / verify if scaled_to is not None and verify else 1.0
-        return {
-            length: _interpolate(known, running) * scale for length, known in sorted(found.items())
-        }
+        return {length: _interpolate(known, running) for length, known in sorted(found.items())}
 
     @property
     def load_aware(self) -> bool:
@@ -187,9 +184,11 @@ class Speedups:
     measured: float | None  # decode rate x plain step seconds
     plain_seconds: float | None = None  # a plain step at the batch (the curve)
     step_seconds: float | None = None  # a speculative step: observed, else the curve's
-    # verify steps at draft lengths below k at the batch, where measured (the curve's, scaled
-    # to the step at k)
+    # verify steps at draft lengths below k at the batch, where measured (the curve's)
     draft_seconds: Mapping[int, float] = field(default_factory=dict)
+    curve_step_seconds: float | None = None  # the curve's verify step at the batch
+    # tokens per step of the steps `step_seconds` timed (observed, else the one given)
+    tokens_per_step: float | None = None
 
     @classmethod
     def at_load(
@@ -213,11 +212,20 @@ class Speedups:
         estimated = None
         step = exact.seconds_per_step
         if step is not None:
-            estimated = exact.tokens / exact.steps * plain / step
+            tokens_per_step = exact.tokens / exact.steps
+            estimated = tokens_per_step * plain / step
         elif tokens_per_step is not None and (step := curve.verify(batch)):
             estimated = tokens_per_step * plain / step
         measured = None if decoded.rate is None else decoded.rate * plain
-        return cls(estimated, measured, plain, step, curve.drafting(batch, scaled_to=step))
+        return cls(
+            estimated,
+            measured,
+            plain,
+            step,
+            curve.drafting(batch),
+            curve.verify(batch),
+            tokens_per_step,
+        )
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
@@ -240,22 +248,33 @@ class DraftLength:
 
 
 def step_seconds(
-    length: int, plain: float, verify: float, k: int, measured: Mapping[int, float] | None = None
+    length: int,
+    plain: float,
+    verify: float,
+    k: int,
+    measured: Mapping[int, float] | None = None,
+    measured_verify: float | None = None,
 ) -> float:
     """Seconds of a step drafting `length` tokens, through the steps known: the plain step (no
     draft), the verify step at k and, where measured, the verify steps at shorter draft
-    lengths; linear between two of them, and past k on the line through k and the longest
-    measured below it, or flat where that line falls (at c = 1 the measured steps are within
-    noise of one another: run 21). Without measured ones, linear from the plain step (the
-    simulator's model; an interpolation for a real engine). Measured, llama.cpp's step is not
-    linear from the plain one nor in k: its draft model costs ~0.7 of a plain step whatever k,
-    and at c = 16 a second draft 0.7, each further one ~0.3 (docs/BENCHMARKS.md §11, run 18)."""
-    known = {0: plain, **{j: x for j, x in (measured or {}).items() if 0 < j < k}, k: verify}
+    lengths; linear between two of them. Past k, a further draft costs what the measured
+    steps say one costs at k: the increment from the longest measured below k to
+    `measured_verify` (the curve's own step at k, so the slope is one phase's against
+    another's of the same measure, not against the live step: run 23 at c = 16, the line from
+    measure's k - 1 to the live k was a fifth of the truth's slope), else to `verify`; flat
+    where that falls (at c = 1 the measured steps are within noise of one another: run 21).
+    Without measured ones, linear from the plain step (the simulator's model; an
+    interpolation for a real engine). Measured, llama.cpp's step is not linear from the plain
+    one nor in k: its draft model costs ~0.7 of a plain step whatever k, and at c = 16 a
+    second draft 0.7, each further one ~0.3 (docs/BENCHMARKS.md §11, run 18)."""
+    below = {j: x for j, x in (measured or {}).items() if 0 < j < k}
+    known = {0: plain, **below, k: verify}
     if length in known:
         return known[length]
     if length > k:  # a step drafting more is never cheaper: measured slopes under 0 are noise
-        base = max((j for j in known if 0 < j < k), default=0)
-        return verify + max(0.0, verify - known[base]) * (length - k) / (k - base)
+        base = max(below, default=0)
+        top = measured_verify if below and measured_verify is not None else verify
+        return verify + max(0.0, top - known[base]) * (length - k) / (k - base)
     low = max(j for j in known if j < length)
     high = min(j for j in known if j > length)
     return known[low] + (known[high] - known[low]) * (length - low) / (high - low)
@@ -269,6 +288,7 @@ def speedups_by_draft_length(
     relative_halfwidth: float | None,
     k: int | None = None,
     measured: Mapping[int, float] | None = None,
+    measured_verify: float | None = None,
 ) -> list[DraftLength]:
     """k' = 0..len(per_position): tokens per step E(k') = 1 + sum_{i<k'} P(more than i drafts
     accepted) (position i is only drafted when k' > i, so the truncated sum is what k' would
@@ -283,7 +303,7 @@ def speedups_by_draft_length(
     accepted = 0.0
     for length in range(1, len(per_position) + 1):
         accepted += per_position[length - 1] / drafts
-        seconds = step_seconds(length, plain, verify, k, measured)
+        seconds = step_seconds(length, plain, verify, k, measured, measured_verify)
         speedup = (1 + accepted) * plain / seconds
         half = None if relative_halfwidth is None else accepted * relative_halfwidth
         out.append(DraftLength(length, speedup, None if half is None else half * plain / seconds))

@@ -48,7 +48,12 @@ def _by_draft_length(
     if own_positions and k:  # under a schedule the steps drafted k, not every position
         positions = positions[:k]
     if not own_positions:
-        acceptance = ratios(c).acceptance
+        # per position over k, from the steps the step's seconds were timed on: the options
+        # at k are then the estimated speedup, and a route's requests ended early (their
+        # counts apportioned from the engine's, every route's acceptance mixed) stay out (run
+        # 23: voice's acceptance read 0.40 with them, 0.36 without, at c = 16)
+        observed = payoff.tokens_per_step
+        acceptance = (observed - 1) / k if observed is not None and k else ratios(c).acceptance
         if acceptance is None or not k:
             return []
         positions, steps = geometric_positions(acceptance, k, k + MODELLED_BEYOND), 1.0
@@ -60,6 +65,7 @@ def _by_draft_length(
         relative,
         k=k or None,
         measured=payoff.draft_seconds,
+        measured_verify=payoff.curve_step_seconds,
     )
 
 
