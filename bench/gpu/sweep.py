@@ -100,3 +100,14 @@ def judged(speedup: Mapping[int, float | None], said: Sequence[Said]) -> str:
     if "missed" in verdicts:
         return f"missed ({verdicts.count('missed')} of {len(verdicts)})"
     return "met" if set(verdicts) == {"met"} else " / ".join(sorted(set(verdicts)))
+
+
+def tally(verdicts: Sequence[str]) -> str:
+    """The count line of `judged`'s verdicts, by the issue's rule: the true best k named, or a
+    tie the truth bears out; a wrong k within 5 % of the best is counted apart, not as met."""
+    counted = [v for v in verdicts if v != "-"]
+    near = sum("within error" in v and not v.startswith("missed") for v in counted)
+    met = sum(v.startswith("met") and "within error" not in v for v in counted)
+    return f"Best draft length: {met} of {len(counted)} met (mixed sweep)" + (
+        f"; {near} named a k within 5 % of the best" if near else ""
+    )

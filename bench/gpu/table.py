@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.gpu.sweep import Said, judged, top_two
+from bench.gpu.sweep import Said, judged, tally, top_two
 from exporter.core.table import aligned
 
 
@@ -104,15 +104,7 @@ def _verdict_lines(data: dict[str, Any]) -> list[str]:
         if s.get("mix") == "mixed" and (key := (s["concurrency"], s["route"])) in seen
     ]
     if verdicts:
-        # the rule: the true best k named, or a tie the truth bears out; a wrong k
-        # within 5 % of the best is counted apart, not as met
-        counted = [v for v in verdicts if v != "-"]
-        near = sum("within error" in v and not v.startswith("missed") for v in counted)
-        met = sum(v.startswith("met") and "within error" not in v for v in counted)
-        lines.append(
-            f"Best draft length: {met} of {len(counted)} met (mixed sweep)"
-            + (f"; {near} named a k within 5 % of the best" if near else "")
-        )
+        lines.append(tally(verdicts))
     return lines
 
 

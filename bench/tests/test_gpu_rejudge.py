@@ -1,0 +1,89 @@
+"""`python -m bench.gpu.rejudge OUT`: a run's best-k readings recomputed from its recorded pages
+with this checkout's options model, judged against the run's own sweep."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import rejudge
+
+# run 23, voice at c = 16, one mixed round's window (docs/BENCHMARKS.md §11), and the sweep
+WINDOW = """\
+specdec_route_drafts_total{route="voice_chat",source="estimated"} 1664.6
+specdec_route_draft_tokens_total{route="voice_chat",source="exact"} 4286
+specdec_route_draft_tokens_total{route="voice_chat",source="estimated"} 656.77
+specdec_route_accepted_tokens_total{route="voice_chat",source="exact"} 1573
+specdec_route_accepted_tokens_total{route="voice_chat",source="estimated"} 402
+specdec_route_decode_tokens_total{route="voice_chat",source="exact"} 3047
+specdec_route_decode_seconds_total{route="voice_chat",source="exact"} 51.52
+specdec_route_decode_steps_total{route="voice_chat",source="exact"} 1474
+specdec_route_exact_acceptance_ratio{route="voice_chat",window="9s"} 0.367
+specdec_route_acceptance_ci_halfwidth{route="voice_chat",window="9s"} 0.0215
+specdec_engine_running_request_seconds_total 100
+specdec_engine_running_request_batch_seconds_total 1553
+"""
+RESULTS = {
+    "args": {"k": 3},
+    "measure": {
+        "curve": [
+            {"running": 4.0, "plain_seconds": 0.007908, "verify_seconds": 0.014862,
+             "draft_seconds": {"1": 0.010833, "2": 0.013075}},
+            {"running": 15.88, "plain_seconds": 0.014265, "verify_seconds": 0.040202,
+             "draft_seconds": {"1": 0.023770, "2": 0.033406}},
+        ]
+    },
+    "levels": [
+        {"concurrency": 16, "routes": {"voice_chat": {"rounds": [0.8, 0.8], "pair": [0, 1]}}}
+    ],
+    "sweep": [
+        {"concurrency": 16, "route": "voice_chat", "mix": "mixed",
+         "speedup": {"0": 1.0, "1": 0.935, "2": 0.853, "3": 0.791, "4": 0.733, "5": 0.666}},
+    ],
+}  # fmt: skip
+
+
+def _run(tmp_path: Path, packed: bool) -> Path:
+    out = tmp_path / "run"
+    pages = out / "pages"
+    pages.mkdir(parents=True)
+    (out / "results.json").write_text(json.dumps(RESULTS), encoding="utf-8")
+    for n in (1, 2):
+        (pages / f"mixed-c16-r{n}-before.prom").write_text("", encoding="utf-8")
+        (pages / f"mixed-c16-r{n}-after.prom").write_text(WINDOW, encoding="utf-8")
+    if packed:  # as gpu_payoff.py's users bring a run back: pages.tgz, no pages/
+        with tarfile.open(out / "pages.tgz", "w:gz") as tar:
+            tar.add(pages, arcname="pages")
+        for page in pages.iterdir():
+            page.unlink()
+        pages.rmdir()
+    return out
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_recorded_window_is_read_again_with_this_checkouts_model(
+    tmp_path: Path, packed: bool
+) -> None:
+    """Run 23's voice window at c = 16: its options at k are its estimated speedup (its own
+    tokens per step), and it names 0, the truth's best (x0.935 at 1)."""
+    lines = rejudge.rejudge(_run(tmp_path, packed))
+    assert lines[0].startswith("c=16 voice_chat truth 1.000 0.935")
+    rounds = [line.split() for line in lines[1:3]]
+    for words in rounds:
+        options = [float(x) for x in words[2:8]]
+        assert options[3] == pytest.approx(3047 / 1474 * 0.014124 / (51.52 / 1474), rel=0.01)
+        assert max(range(6), key=options.__getitem__) == 0
+        assert words[-1] == "0"  # said: named, not a tie
+    assert lines[3].strip() == "met"
+    assert lines[-1] == "Best draft length: 1 of 1 met (mixed sweep)"
+
+
+def test_a_folder_without_results_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert rejudge.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path) in err
