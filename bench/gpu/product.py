@@ -177,10 +177,6 @@ def reading(before: str, after: str, route: str, window: str) -> Reading:
     halves = {int(lb["draft_length"]): v for lb, v in a.get(
         "specdec_route_speedup_at_draft_length_ci_halfwidth", []) if _match(lb, key)}  # fmt: skip
     best = one(a, "specdec_route_best_draft_length", **key)
-    request_s = summed(a, "specdec_engine_running_request_seconds_total") - summed(
-        b, "specdec_engine_running_request_seconds_total")  # fmt: skip
-    batch_s = summed(a, "specdec_engine_running_request_batch_seconds_total") - summed(
-        b, "specdec_engine_running_request_batch_seconds_total")  # fmt: skip
     return Reading(
         one(a, "specdec_route_estimated_speedup_ratio", **key),
         one(a, "specdec_route_speedup_ratio", **key),
@@ -189,8 +185,18 @@ def reading(before: str, after: str, route: str, window: str) -> Reading:
         lengths,
         halves,
         None if best is None else int(best),
-        batch_s / request_s if request_s > 0 else None,
+        batch(a, b),
     )
+
+
+def batch(after: Samples, before: Samples) -> float | None:
+    """The engine's mean batch between two sidecar pages, as its running requests saw it: the
+    request-weighted mean (batch seconds / request seconds); None where nothing ran."""
+    request_s = summed(after, "specdec_engine_running_request_seconds_total") - summed(
+        before, "specdec_engine_running_request_seconds_total")  # fmt: skip
+    batch_s = summed(after, "specdec_engine_running_request_batch_seconds_total") - summed(
+        before, "specdec_engine_running_request_batch_seconds_total")  # fmt: skip
+    return batch_s / request_s if request_s > 0 else None
 
 
 def _match(labels: dict[str, str], want: dict[str, str]) -> bool:

@@ -5,9 +5,9 @@ the sidecar would have said over the same windows, judged against the same run's
 Per mixed A/B round at a swept level, the before and after pages (`OUT/pages/`, or
 `OUT/pages.tgz` as `gpu_payoff.py`'s users bring it back) give each route's window: its exact
 decode tokens, seconds and steps, its drafts, draft and accepted tokens, the acceptance
-interval's relative half-width, and the engine's batch (`product.reading`'s). The run's
+interval's relative half-width, and the engine's batch (`product.batch`). The run's
 `measure` curve (results.json) gives the steps. The options then come from the sidecar's own
-function (`route_collector._by_draft_length`) at the run's deployed k.
+function (`route_collector.options_by_draft_length`) at the run's deployed k.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from bench.gpu.product import Samples
 from exporter.core.counts import Counts, ratios
 from exporter.core.payoff import Decode, Speedups, StepCurve, StepPoint, best_draft_length
 from exporter.core.stats import Interval
-from exporter.export.route_collector import _by_draft_length
+from exporter.export.route_collector import options_by_draft_length
 
 
 def curve(data: dict[str, Any]) -> StepCurve:
@@ -44,10 +44,6 @@ def curve(data: dict[str, Any]) -> StepCurve:
     )
 
 
-def _delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
-    return product.summed(after, name, **labels) - product.summed(before, name, **labels)
-
-
 def reading(
     after: Samples, before: Samples, route: str, steps: StepCurve, k: int
 ) -> tuple[dict[int, float], sweep.Said]:
@@ -55,20 +51,21 @@ def reading(
     best draft length it names (or its top two, where they are within its error)."""
 
     def d(name: str, **labels: str) -> float:
-        return _delta(after, before, f"specdec_route_{name}_total", route=route, **labels)
+        family = f"specdec_route_{name}_total"
+        return product.summed(after, family, route=route, **labels) - product.summed(
+            before, family, route=route, **labels
+        )
 
     counts = Counts(d("drafts"), d("draft_tokens"), d("accepted"))
     every = Decode(d("decode_tokens"), d("decode_seconds"))
     exact = Decode(d("decode_tokens", source="exact"), d("decode_seconds", source="exact"),
                    d("decode_steps", source="exact"))  # fmt: skip
-    request_s = _delta(after, before, "specdec_engine_running_request_seconds_total")
-    batch_s = _delta(after, before, "specdec_engine_running_request_batch_seconds_total")
-    batch = batch_s / request_s if request_s > 0 else None
+    batch = product.batch(after, before)
     payoff = Speedups.at_load(steps, batch, ratios(counts).mean_acceptance_length, every, exact)
     estimate = product.one(after, "specdec_route_exact_acceptance_ratio", route=route)
     half = product.one(after, "specdec_route_acceptance_ci_halfwidth", route=route)
     interval = Interval(estimate, 0.0, half, 0.0) if estimate and half is not None else None
-    found = _by_draft_length(counts, payoff, interval, False, k)
+    found = options_by_draft_length(counts, payoff, interval, False, k)
     by_length = {o.draft_length: o.speedup for o in found}
     chosen = best_draft_length(found)
     return by_length, chosen.draft_length if chosen else sweep.top_two(by_length)

@@ -30,7 +30,7 @@ from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
 
 
-def _by_draft_length(
+def options_by_draft_length(
     c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
 ) -> list[DraftLength]:
     """The route's speedup at each draft length from 0, from its per-position acceptance: its
@@ -247,7 +247,7 @@ class RouteCollector(FamiliesCollector):
                 )
                 interval = moments.get((route, model), RequestMoments()).interval()
                 batch = running.get(model)
-                options = _by_draft_length(
+                options = options_by_draft_length(
                     c,
                     payoff,
                     interval,
