@@ -71,6 +71,16 @@ def reading(
     return by_length, chosen.draft_length if chosen else sweep.top_two(by_length)
 
 
+def acceptance(page: Samples, route: str) -> str:
+    """The route's headline acceptance beside its exact requests' own, as the page says them
+    (the headline takes in the requests cut short, apportioned: docs/metrics.md)."""
+    headline = product.one(page, "specdec_route_acceptance_ratio", route=route)
+    exact = product.one(page, "specdec_route_exact_acceptance_ratio", route=route)
+    if headline is None or exact is None:
+        return ""
+    return f"  acceptance {headline:.3f} (exact {exact:.3f})"
+
+
 def pages(out: Path) -> dict[str, str]:
     """The run's pages by file name, from OUT/pages/ or OUT/pages.tgz."""
     folder = out / "pages"
@@ -105,10 +115,11 @@ def rejudge(out: Path) -> list[str]:
         said = []
         for n in (i + 1 for i in pairs.get((c, route), ())):  # the rounds the table reads
             before, after = (recorded[f"mixed-c{c}-r{n}-{x}.prom"] for x in ("before", "after"))
-            mine, named = reading(product.parse(after), product.parse(before), route, steps, k)
+            page = product.parse(after)
+            mine, named = reading(page, product.parse(before), route, steps, k)
             said.append(named)
             row = " ".join(f"{mine[j]:.3f}" for j in sorted(mine))
-            lines.append(f"  round {n}: {row}  said {named}")
+            lines.append(f"  round {n}: {row}  said {named}" + acceptance(page, route))
         verdicts.append(sweep.judged(truth, said))
         lines.append(f"  {verdicts[-1]}")
     lines.append(sweep.tally(verdicts))

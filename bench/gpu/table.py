@@ -114,7 +114,6 @@ def _plain_lines(data: dict[str, Any]) -> list[str]:
     every route, so a split between the routes, or measure's level against the A/B's, is
     error it cannot see (docs/BENCHMARKS.md §11, runs 19-21). Under it, the split the other
     clients' gaps predict (`bench/gpu/split.py`)."""
-    curve = (data.get("measure") or {}).get("curve") or []
     lines = []
     for level in data.get("levels", []):
         plain = {route: f["plain"] for route, f in level["routes"].items() if "plain" in f}
@@ -127,7 +126,7 @@ def _plain_lines(data: dict[str, Any]) -> list[str]:
         if len(rates) > 1:
             pair = max(rates, key=rates.__getitem__), min(rates, key=rates.__getitem__)
             text += f" ({pair[0]} {rates[pair[0]] / rates[pair[1]] - 1:+.1%} over {pair[1]})"
-        point = min(curve, key=lambda p: abs(p["running"] - c), default=None)
+        point = _measure_point(data, c)
         if point is not None:
             text += f"; measure's plain step {1 / point['plain_seconds']:.1f}"
         lines.append(f"  c={c} plain decode per request, tok/s: {text}")
@@ -234,10 +233,9 @@ def _readings(route: dict[str, Any]) -> list[Said]:
 
 def _measure_steps(data: dict[str, Any], level: int, k: int) -> dict[int, float]:
     """Measure's steps in plain steps at its point nearest the level: the draft lengths it
-    measured below k and the verify step at k (unscaled: the sidecar scales them to the live
-    step at k, so only their shape in k enters its options)."""
-    curve = (data.get("measure") or {}).get("curve") or []
-    point = min(curve, key=lambda p: abs(p["running"] - level), default=None)
+    measured below k (the sidecar's options take them as they are) and the verify step at k
+    (the options take the live step there, and measure's slope past it)."""
+    point = _measure_point(data, level)
     if point is None:
         return {}
     plain = point["plain_seconds"]
@@ -245,3 +243,9 @@ def _measure_steps(data: dict[str, Any], level: int, k: int) -> dict[int, float]
     if point.get("verify_seconds"):
         steps[k] = point["verify_seconds"] / plain
     return steps
+
+
+def _measure_point(data: dict[str, Any], level: int) -> dict[str, Any] | None:
+    """Measure's step-time point nearest the level (None: the run has no curve)."""
+    curve = (data.get("measure") or {}).get("curve") or []
+    return min(curve, key=lambda p: abs(p["running"] - level), default=None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import rejudge
+from bench.gpu import product, rejudge
 
 # run 23, voice at c = 16, one mixed round's window (docs/BENCHMARKS.md §11), and the sweep
 WINDOW = """\
@@ -87,3 +87,15 @@ def test_a_folder_without_results_is_a_usage_error(
     assert rejudge.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(tmp_path) in err
+
+
+def test_a_round_shows_the_routes_headline_acceptance_beside_its_exact_one() -> None:
+    """Run 23's voice at c = 16, round 2: 0.400 on the page (cut requests shared evenly then)
+    against its exact requests' 0.367; a page without them says nothing."""
+    page = product.parse(
+        'specdec_route_acceptance_ratio{model_name="bench",route="voice_chat",window="9s"} 0.3996\n'
+        'specdec_route_exact_acceptance_ratio{model_name="bench",route="voice_chat",window="9s"}'
+        " 0.3670\n"
+    )
+    assert rejudge.acceptance(page, "voice_chat") == "  acceptance 0.400 (exact 0.367)"
+    assert rejudge.acceptance(page, "coding_agent") == ""

@@ -50,7 +50,7 @@ def options_by_draft_length(
     if not own_positions:
         # per position over k, from the steps the step's seconds were timed on: the options
         # at k are then the estimated speedup, and a route's requests ended early (their
-        # counts apportioned from the engine's, every route's acceptance mixed) stay out (run
+        # counts apportioned from the engine's, not their own) stay out (run
         # 23: voice's acceptance read 0.40 with them, 0.36 without, at c = 16)
         observed = payoff.tokens_per_step
         acceptance = (observed - 1) / k if observed is not None and k else ratios(c).acceptance

@@ -134,7 +134,8 @@ class Accounting:
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
-        self._drafted: Counter[RouteKey] = Counter()  # llama.cpp: draft tokens not yet weighed
+        # llama.cpp: the exact requests' draft and accepted tokens not yet weighed
+        self._drafted: dict[RouteKey, Counts] = {}
         self._draft_tokens_per_step: dict[str, float] = {}  # the engine's, per model_name
         self._exact_by_model: dict[str, Counts] = {}
 
@@ -197,7 +198,7 @@ class Accounting:
             tokens, accepted = req.drafted
             own = Counts(0.0, float(tokens), float(accepted))
             self._add_exact(key, own)
-            self._drafted[key] += tokens  # made steps when apportioned
+            self._drafted[key] = self._drafted.get(key, Counts()) + own  # weighed when apportioned
             per_step = self._draft_tokens_per_step.get(req.model_name)
             steps = tokens / per_step if per_step else None
             self._request_view(key, own, req.finish_reason, steps)
@@ -312,12 +313,20 @@ class Accounting:
         draft_tokens_per_step: float,
     ) -> None:
         """Turn the requests without steps of `model` into estimated weights: llama.cpp's
-        (exact draft tokens) at the engine's draft tokens per step; the unstreamed ones (tokens
-        only) at the route's own streamed tokens per step, else the engine's."""
+        (exact draft and accepted tokens) at the engine's draft tokens per step, and their own
+        accepted tokens; the unstreamed ones (tokens only) at the route's own streamed tokens
+        per step, else the engine's."""
         self._draft_tokens_per_step[model] = draft_tokens_per_step
         for key in [k for k in self._drafted if served(k)]:
             drafted = self._drafted.pop(key)
-            self._weights.setdefault(key, _Weight()).steps += drafted / draft_tokens_per_step
+            weight = self._weights.setdefault(key, _Weight())
+            weight.steps += (drafted.draft_tokens or 0.0) / draft_tokens_per_step
+            # the accepted tokens no request explains (those of requests cut short: the
+            # client left, their timings never came) go by the routes' own accepted tokens,
+            # not evenly: evenly, voice read 0.40 for its own 0.36 on the GPU at c = 16 (run
+            # 23, the A/B cancelling requests at each phase's end); by them, 0.34-0.38 for
+            # 0.34-0.37 (docs/metrics.md)
+            weight.accepted += drafted.accepted or 0.0
         for key in [k for k in self._tokens_only if served(k)]:
             produced = self._tokens_only.pop(key)
             weight = self._weights.setdefault(key, _Weight())

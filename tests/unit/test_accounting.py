@@ -114,6 +114,24 @@ def test_llama_cpp_timings_make_the_routes_tokens_exact() -> None:
     assert [m.requests for m in (acc.moments[("a", "tiny")], acc.moments[("b", "tiny")])] == [1, 2]
 
 
+def test_llama_cpp_work_no_request_explains_goes_by_the_routes_own_accepted_tokens() -> None:
+    """Requests cut short (the client left before llama.cpp's timings came) leave their
+    accepted tokens unexplained: each route takes them as its own exact ones would have it,
+    so a low-acceptance route's acceptance stays near its own (evenly: run 23's voice read
+    0.40 for its exact 0.36)."""
+    acc = accounting(k=3)
+    acc.record(RequestOutcome("a", "tiny", "200", 40, drafted=(30, 24)))  # 0.8
+    acc.record(RequestOutcome("b", "tiny", "200", 40, drafted=(30, 6)))  # 0.2
+    cut = Counts(4, 12, 6)  # two cut requests' work: one a's (0.8 x 6), one b's (0.2 x 6)
+    acc.apportion({"": Counts(20, 60, 30) + cut})
+    a, b = acc.estimated[("a", "tiny")], acc.estimated[("b", "tiny")]
+    assert (a.accepted, b.accepted) == pytest.approx((6 * 24 / 30, 6 * 6 / 30))
+    assert (a.draft_tokens, b.draft_tokens) == pytest.approx((6, 6))
+    for route, own in (("a", 0.8), ("b", 0.2)):
+        whole = acc.exact[(route, "tiny")] + acc.estimated[(route, "tiny")]
+        assert whole.accepted / whole.draft_tokens == pytest.approx(own, abs=0.03)
+
+
 def test_apportion_keeps_models_apart_and_needs_estimates() -> None:
     acc = accounting()
     acc.record(estimated("b", (1, 2, 2), model="m2"))
