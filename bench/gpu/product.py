@@ -35,8 +35,14 @@ def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8, caps: i
     """The routes as `measure` scenarios: their prompts (the first `prompts`), lengths and
     request fields, so measure's curve sees the traffic the A/B sends. A scenario has one
     length (`max_tokens`), so a route with a spread is `caps` scenarios, `ROUTE_j` at the
-    spread's quantiles, each with its share of the prompts (measure sends each scenario about
-    as many requests, so the route's total stays what one scenario would get)."""
+    spread's quantiles, each with its share of the prompts. Each route's weight is inverse to
+    its mean length, so each holds the same share of measure's batch as of the A/B's, where
+    half the clients send each route. Runs 22-23 sent equal numbers, so the agent's
+    200-token requests held about 200 / (200 + 80) = 71 % of measure's batch; there, at
+    c = 16, measure's steps at k = 2-3 ran 10-11 % longer than the A/B's (its plain step
+    3.5 %, at k = 1 within 1 %). A longer context costs a step more; whether the mix was the
+    cause, a run with these weights says (docs/BENCHMARKS.md §11)."""
+    longest = max(r.mean_tokens for r in routes)
     lines = []
     for r in routes:
         s = builtin(r.scenario)
@@ -48,7 +54,8 @@ def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8, caps: i
             name = r.name if len(lengths) == 1 else f"{r.name}_{j}"
             mine = list(s.prompts[:prompts])[j * share : (j + 1) * share] or list(s.prompts[:share])
             lines.append(json.dumps({"name": name, "max_tokens": tokens, "system": s.system,
-                                     "prompts": mine, "extra_body": extra},
+                                     "prompts": mine, "extra_body": extra,
+                                     "weight": round(longest / r.mean_tokens, 4)},
                                     ensure_ascii=False))  # fmt: skip
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -128,6 +128,11 @@ def test_measure_sees_a_routes_spread_as_scenarios_at_its_quantiles(tmp_path: Pa
     voice = [p for s in scenarios[:4] for p in s.prompts]  # the route's 8 prompts, 2 a cap
     assert len(voice) == 8 and len(set(voice)) == 8
     assert dict(scenarios[5].extra_body)["speculative.synth_rates"] == list(AGENT.rates)
+    # each route holds half of measure's batch, as of the A/B's: requests x length alike
+    held = {r.name: sum(s.weight for s in scenarios if s.name.startswith(r.name)) * r.mean_tokens
+            for r in ROUTES}  # fmt: skip
+    assert held["voice_chat"] == pytest.approx(held["coding_agent"], rel=1e-3)
+    assert {s.weight for s in scenarios[4:]} == {1.0}
 
 
 def test_the_patch_applier_takes_a_unified_diff(tmp_path: Path) -> None:

@@ -77,7 +77,8 @@ def register(add_verb: AddVerb) -> None:
         default=[],
         type=Path,
         metavar="FILE",
-        help="your own scenarios, YAML or JSONL with name, max_tokens, system, prompts "
+        help="your own scenarios, YAML or JSONL with name, max_tokens, system, prompts, "
+        "extra_body and weight (its requests against the others' under --concurrency) "
         "(repeatable)",
     )
     p.add_argument(

@@ -1,10 +1,11 @@
 """The step-time curve: seconds per decode step, speculative and plain, against the batch.
 
 At each concurrency level the scenarios are replayed together, their requests interleaved
-(at least 3 x the level's requests): the mix the routes share the engine in, which a plain
-step's seconds depend on beyond the batch (new requests' prefills land in the decode steps;
-measured on a GPU llama-server: at batch 4, 49 tok/s per request in a mixed phase against 77
-when each scenario ran alone, docs/BENCHMARKS.md §11). Against the speculative endpoint, then
+(at least 3 x the level's requests, shared by the scenarios' weights: `level_runs`): the mix
+the routes share the engine in, which a step's seconds depend on beyond the batch (new
+requests' prefills land in the decode steps; measured on a GPU llama-server: at batch 4, 49
+tok/s per request in a mixed phase against 77 when each scenario ran alone, docs/BENCHMARKS.md
+§11; longer contexts cost more per step). Against the speculative endpoint, then
 the plain one (the same model without speculation), so the two see the same load. Only the
 steady part counts (`Phase.window`): from the time as many requests have ended as there are
 workers (the first cohort, sent together with its prefills batched and no arrivals between
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -240,6 +242,20 @@ async def _shorter_drafts(
     return True
 
 
+def level_runs(scenarios: list[Scenario], concurrency: int, runs: int) -> list[int]:
+    """How many times each scenario's prompts are sent at a level: enough requests that the
+    batch stays near it (>= LEVEL_ROUNDS x the concurrency in all), shared by the scenarios'
+    weights, and at least `runs` each. The weights set the mix a running batch holds: with
+    workers taking the next request as one ends, a scenario's share of the batch is its
+    requests x their length (equal numbers of 80- and 200-token requests hold 71 % of the
+    batch in the longer ones; the GPU bench's A/B holds half, a client per route each)."""
+    weights = sum(s.weight for s in scenarios)
+    return [
+        max(runs, -(-math.ceil(LEVEL_ROUNDS * concurrency * s.weight / weights) // len(s.prompts)))
+        for s in scenarios
+    ]
+
+
 async def measure_curve(
     spec_url: str,
     plain_url: str,
@@ -259,9 +275,7 @@ async def measure_curve(
         for concurrency in levels:
             level = Level(concurrency)
             into.append(level)
-            # enough requests that the batch stays near the level: >= 3 rounds of it
-            share = -(-LEVEL_ROUNDS * concurrency // len(scenarios))
-            runs = [max(plan.runs, -(-share // len(s.prompts))) for s in scenarios]
+            runs = level_runs(scenarios, concurrency, plan.runs)
             at = replace(plan, concurrency=concurrency)
             await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec)
             if honoured:

@@ -164,14 +164,13 @@ class Plan:
 
 
 def interleaved(scenarios: list[Scenario], runs: list[int]) -> list[tuple[Scenario, int]]:
-    """Each scenario's requests (`runs` times its prompts), taken in turn from each: sent by a
-    pool of workers, the scenarios run together in the mix they are given, as routes sharing
-    an engine do."""
+    """Each scenario's requests (`runs` times its prompts), each spread evenly over the whole
+    sequence (in turn where their numbers are equal): sent by a pool of workers, the
+    scenarios run together in the mix they are given from first to last, as routes sharing an
+    engine do (in turn, a larger scenario's extra requests would all come last, alone)."""
     todo = [r * len(s.prompts) for s, r in zip(scenarios, runs, strict=True)]
-    return [
-        (s, i) for i in range(max(todo, default=0)) for s, n in zip(scenarios, todo, strict=True)
-        if i < n
-    ]  # fmt: skip
+    order = sorted(((i + 0.5) / n, j, i) for j, n in enumerate(todo) for i in range(n))
+    return [(scenarios[j], i) for _, j, i in order]
 
 
 async def replay(

@@ -30,7 +30,7 @@ from exporter.core.windows import Window
 from exporter.engines import engine, recognise
 from exporter.export.route_collector import RouteCollector
 from exporter.measure.curve import Level, Phase
-from exporter.measure.runner import Request, ScenarioResult, interleaved
+from exporter.measure.runner import Request, ScenarioResult
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import Result
 from exporter.proxy.accounting import Accounting, RequestOutcome
@@ -186,16 +186,6 @@ def test_a_llamacpp_route_gets_load_aware_speedups_and_options_per_k() -> None:
         found[("specdec_route_speedup_at_draft_length_ratio", r, "1")] for r in ("voice", "agent")
     )
     assert agent > voice
-
-
-def test_the_curve_replays_the_scenarios_together_in_their_mix() -> None:
-    """A plain step's seconds depend on the mix beyond the batch (prefills of new requests land
-    in decode steps): at each level the scenarios' requests are interleaved, not run in turn."""
-    voice = Scenario("voice", 8, None, ("a", "b"))
-    agent = Scenario("agent", 8, None, ("c",))
-    items = [(s.name, i) for s, i in interleaved([voice, agent], [2, 1])]
-    assert items == [("voice", 0), ("agent", 0), ("voice", 1), ("voice", 2), ("voice", 3)]
-    assert interleaved([voice], [0]) == []
 
 
 def test_a_llamacpp_load_generator_keeps_each_worker_in_its_own_slot() -> None:

@@ -3,8 +3,10 @@
 `ja_chat` (Japanese voice chat with a persona) and `code_agent` (English coding tasks) ship
 with the package; `specdec demo` sends them as traffic and `specdec measure` replays them.
 Users bring their own in YAML (a mapping, or a list of them) or JSONL (one scenario a line),
-with the same fields: name, max_tokens, system (optional), prompts, and extra_body (optional:
-request fields sent as they are with each request, e.g. the sampling a workload uses).
+with the same fields: name, max_tokens, system (optional), prompts, extra_body (optional:
+request fields sent as they are with each request, e.g. the sampling a workload uses) and
+weight (optional, default 1: its requests against the others' in the mix `measure
+--concurrency` replays the scenarios in; a step's seconds depend on the mix's lengths).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import yaml
 
 BUILTIN = ("ja_chat", "code_agent")
-FIELDS = ("name", "max_tokens", "system", "prompts", "extra_body")
+FIELDS = ("name", "max_tokens", "system", "prompts", "extra_body", "weight")
 OWN = ("model", "messages", "max_tokens", "stream", "stream_options")  # what measure sends
 
 
@@ -33,6 +35,7 @@ class Scenario:
     system: str | None
     prompts: tuple[str, ...]
     extra_body: tuple[tuple[str, Any], ...] = ()  # request fields sent with each request
+    weight: float = 1.0  # its requests against the others' in a mixed replay
 
     def messages(self, index: int) -> list[dict[str, str]]:
         """The chat messages of prompt `index` (wrapping around)."""
@@ -122,4 +125,10 @@ def from_mapping(data: Any, where: str) -> Scenario:
             f"{where}: extra_body: {taken[0]!r} is set by measure itself; "
             f"extra_body cannot hold {', '.join(OWN)}"
         )
-    return Scenario(name, cap, system, tuple(prompts), tuple(extra.items()))
+    weight = data.get("weight", 1.0)
+    if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 < weight <= 1e6:
+        raise ScenarioError(
+            f"{where}: weight: expected a number > 0 (its requests against the other "
+            f"scenarios'), got {weight!r}"
+        )
+    return Scenario(name, cap, system, tuple(prompts), tuple(extra.items()), float(weight))
