@@ -160,6 +160,11 @@ def summed(samples: Samples, name: str, **labels: str) -> float:
     )
 
 
+def increase(after: Samples, before: Samples, name: str, **labels: str) -> float:
+    """A counter's increase between two sidecar pages, its matching series summed."""
+    return summed(after, name, **labels) - summed(before, name, **labels)
+
+
 @dataclass
 class Reading:
     """What the sidecar said of a route over one speculative phase (its window)."""
@@ -199,10 +204,8 @@ def reading(before: str, after: str, route: str, window: str) -> Reading:
 def batch(after: Samples, before: Samples) -> float | None:
     """The engine's mean batch between two sidecar pages, as its running requests saw it: the
     request-weighted mean (batch seconds / request seconds); None where nothing ran."""
-    request_s = summed(after, "specdec_engine_running_request_seconds_total") - summed(
-        before, "specdec_engine_running_request_seconds_total")  # fmt: skip
-    batch_s = summed(after, "specdec_engine_running_request_batch_seconds_total") - summed(
-        before, "specdec_engine_running_request_batch_seconds_total")  # fmt: skip
+    request_s = increase(after, before, "specdec_engine_running_request_seconds_total")
+    batch_s = increase(after, before, "specdec_engine_running_request_batch_seconds_total")
     return batch_s / request_s if request_s > 0 else None
 
 

@@ -51,10 +51,7 @@ def reading(
     best draft length it names (or its top two, where they are within its error)."""
 
     def d(name: str, **labels: str) -> float:
-        family = f"specdec_route_{name}_total"
-        return product.summed(after, family, route=route, **labels) - product.summed(
-            before, family, route=route, **labels
-        )
+        return product.increase(after, before, f"specdec_route_{name}_total", route=route, **labels)
 
     counts = Counts(d("drafts"), d("draft_tokens"), d("accepted"))
     every = Decode(d("decode_tokens"), d("decode_seconds"))
