@@ -34,7 +34,7 @@ from exporter.config import (
     Target,
 )
 from exporter.core.counts import ratios, total
-from exporter.core.payoff import Decode, Speedups
+from exporter.core.payoff import Decode, Load, Speedups
 from exporter.core.schedule import Schedule
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS, RequestMoments
 from exporter.core.windows import DEFAULT_WINDOWS
@@ -47,10 +47,12 @@ from exporter.sidecar import Sidecar
 from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
 from exporter.sim.steptime import MODEL as STEP_TIME
+from exporter.sim.steptime import SINGLE_STREAM_STEP_SECONDS as STEP
 
 MODEL = "sim-27b"
 K = 3  # the simulator's draft length
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32)
+CONTEXT = 160  # tokens a decoding request of the demo's two workloads holds, time-weighted
 V = TypeVar("V")
 AGREE = 0.05  # the two speedups agree within this share
 ENGINE_JOB = DEFAULT_KIND  # the simulated engine's Prometheus job, as prometheus.yml names it
@@ -93,9 +95,17 @@ def config(opts: Options) -> Config:
         Route("voice_chat", headers=(("x-route", "voice"),)),
         Route("coding_agent", path_prefix="/agent"),
     )
-    # the step-time curve `specdec measure --concurrency` finds on the simulator (in real time)
+    # the step-time curve `specdec measure --concurrency` finds on the simulator (in real
+    # time), at the demo's contexts, and what a step gains per token more of it
     curve = tuple(
-        StepTimePoint(b, STEP_TIME.plain(b) / opts.speed, STEP_TIME.verify(b, K) / opts.speed)
+        StepTimePoint(
+            b,
+            STEP_TIME.plain(b, b * CONTEXT) / opts.speed,
+            STEP_TIME.verify(b, K, b * CONTEXT) / opts.speed,
+            context_tokens=CONTEXT,
+            plain_seconds_per_context_token=b * STEP_TIME.kv_per_token * STEP / opts.speed,
+            verify_seconds_per_context_token=b * STEP_TIME.kv_per_token * STEP / opts.speed,
+        )
         for b in CURVE_BATCHES
     )
     step_cost = STEP_TIME.verify(1, K) / STEP_TIME.plain(1)
@@ -162,7 +172,10 @@ def route_line(acc: Accounting, route: str, now: float, running: float | None = 
     rate = f"{every.rate:6.1f}" if every.rate else "     -"
     config = acc.models.get(MODEL)
     curve = None if config is None else config.curve
-    payoff = Speedups.at_load(curve, running, r.mean_acceptance_length, every, exact)
+    batch = {} if running is None else {MODEL: running}
+    load = acc.load(window, now, batch, partial=True).get(MODEL, Load(running))
+    k = None if config is None else config.scheduled_draft_length(running or 1.0)
+    payoff = Speedups.at_load(curve, load, r.mean_acceptance_length, every, exact, k)
     note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"
     return (
         f"{route:<13} acceptance {figure} over {span} (proxy)  tokens/step "

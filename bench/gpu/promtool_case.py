@@ -91,10 +91,12 @@ def curve_series(
     return out
 
 
-def load_curve(path: Path) -> StepCurve:
+def load_curve(path: Path, k: int = 3) -> StepCurve:
+    """The step-time points `--curve` names, for a model of draft length `k` (the bench's)."""
     points = json.loads(path.read_text(encoding="utf-8"))
     return StepCurve(
-        tuple(StepPoint(p["running"], p["plain_seconds"], p.get("verify_seconds")) for p in points)
+        tuple(StepPoint(p["running"], p["plain_seconds"], p.get("verify_seconds")) for p in points),
+        k,
     )
 
 

@@ -1,13 +1,14 @@
-"""A GPU run's best-k readings recomputed from its recorded sidecar pages with this checkout's
-options model (`python -m bench.gpu.rejudge OUT`; no GPU): after a change to the model, what
-the sidecar would have said over the same windows, judged against the same run's sweep.
+"""A GPU run read again with this checkout's payoff model (`python -m bench.gpu.rejudge OUT`; no
+GPU): after a change to the model, what the sidecar would have said over the same windows,
+against the same run's A/B truth and sweep. A recomputation on recorded windows, not a run.
 
-Per mixed A/B round at a swept level, the before and after pages (`OUT/pages/`, or
+Per mixed A/B round the table reads, the before and after sidecar pages (`OUT/pages/`, or
 `OUT/pages.tgz` as `gpu_payoff.py`'s users bring it back) give each route's window: its exact
 decode tokens, seconds and steps, its drafts, draft and accepted tokens, the acceptance
-interval's relative half-width, and the engine's batch (`product.batch`). The run's
-`measure` curve (results.json) gives the steps. The options then come from the sidecar's own
-function (`route_collector.options_by_draft_length`) at the run's deployed k.
+interval's relative half-width; and the engine's load over it, from every route: the batch
+(`product.batch`), the draft tokens per decode step and, where the pages carry it, the
+context. The run's `measure` curve (results.json) gives the steps. The speedups and the
+options come from the sidecar's own functions (`core.payoff`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -23,9 +25,17 @@ from typing import Any
 from bench.gpu import product, sweep
 from bench.gpu.product import Samples
 from exporter.core.counts import Counts, ratios
-from exporter.core.payoff import Decode, Speedups, StepCurve, StepPoint, best_draft_length
+from exporter.core.payoff import (
+    Decode,
+    Load,
+    Speedups,
+    StepCurve,
+    StepPoint,
+    best_draft_length,
+    observed_draft_length,
+    options_by_draft_length,
+)
 from exporter.core.stats import Interval
-from exporter.export.route_collector import options_by_draft_length
 
 
 def curve(data: dict[str, Any]) -> StepCurve:
@@ -36,19 +46,45 @@ def curve(data: dict[str, Any]) -> StepCurve:
             StepPoint(
                 p["running"],
                 p["plain_seconds"],
-                p["verify_seconds"],
-                tuple((int(j), s) for j, s in p["draft_seconds"].items()),
+                p.get("verify_seconds"),
+                tuple((int(j), s) for j, s in (p.get("draft_seconds") or {}).items()),
+                p.get("verify_drafts"),
+                p.get("context_tokens"),
+                p.get("plain_seconds_per_context_token") or 0.0,
+                p.get("verify_seconds_per_context_token") or 0.0,
             )
             for p in points
-        )
+        ),
+        int(data["args"]["k"]),
+    )
+
+
+def load(after: Samples, before: Samples) -> Load:
+    """The engine's load between two pages, as every route's requests show it."""
+
+    def d(name: str, **labels: str) -> float:
+        return product.increase(after, before, f"specdec_route_{name}_total", **labels)
+
+    steps = d("decode_steps", source="exact")
+    drafted = (
+        d("decode_draft_tokens", source="exact")
+        if "specdec_route_decode_draft_tokens_total" in after
+        else d("draft_tokens", source="exact")  # pages from before the counter: all exact
+    )
+    held, weight = d("decode_context_token_seconds"), d("decode_context_seconds")
+    return Load(
+        product.batch(after, before),
+        held / weight if weight > 0 else None,
+        drafted / steps if steps > 0 else None,
     )
 
 
 def reading(
-    after: Samples, before: Samples, route: str, steps: StepCurve, k: int
-) -> tuple[dict[int, float], sweep.Said]:
-    """The route's speedup by draft length over the window between the two pages, and the
-    best draft length it names (or its top two, where they are within its error)."""
+    after: Samples, before: Samples, route: str, steps: StepCurve
+) -> tuple[Speedups, dict[int, float], sweep.Said]:
+    """The route's speedups, its options by draft length over the window between the two
+    pages, and the best draft length it names (or its top two, where they are within its
+    error)."""
 
     def d(name: str, **labels: str) -> float:
         return product.increase(after, before, f"specdec_route_{name}_total", route=route, **labels)
@@ -57,15 +93,17 @@ def reading(
     every = Decode(d("decode_tokens"), d("decode_seconds"))
     exact = Decode(d("decode_tokens", source="exact"), d("decode_seconds", source="exact"),
                    d("decode_steps", source="exact"))  # fmt: skip
-    batch = product.batch(after, before)
-    payoff = Speedups.at_load(steps, batch, ratios(counts).mean_acceptance_length, every, exact)
+    payoff = Speedups.at_load(
+        steps, load(after, before), ratios(counts).mean_acceptance_length, every, exact
+    )
     estimate = product.one(after, "specdec_route_exact_acceptance_ratio", route=route)
     half = product.one(after, "specdec_route_acceptance_ci_halfwidth", route=route)
     interval = Interval(estimate, 0.0, half, 0.0) if estimate and half is not None else None
+    k = observed_draft_length(counts, payoff, steps.k)
     found = options_by_draft_length(counts, payoff, interval, False, k)
     by_length = {o.draft_length: o.speedup for o in found}
     chosen = best_draft_length(found)
-    return by_length, chosen.draft_length if chosen else sweep.top_two(by_length)
+    return payoff, by_length, chosen.draft_length if chosen else sweep.top_two(by_length)
 
 
 def acceptance(page: Samples, route: str) -> str:
@@ -95,14 +133,41 @@ def pages(out: Path) -> dict[str, str]:
 
 def rejudge(out: Path) -> list[str]:
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    steps, k = curve(data), int(data["args"]["k"])
+    steps = curve(data)
     recorded = pages(out)
-    lines, verdicts = [], []
-    pairs = {
-        (level["concurrency"], name): route.get("pair") or range(len(route["rounds"]))
-        for level in data["levels"]
-        for name, route in level["routes"].items()
-    }
+    lines: list[str] = [
+        "Recomputed from the recorded pages with this checkout's model (not a new run)",
+        "c    route         truth   as run            recomputed: estimated  measured",
+    ]
+    errors: list[float] = []
+    readings: dict[tuple[int, str], list[tuple[dict[int, float], sweep.Said, str]]] = {}
+    for level in data["levels"]:
+        c = level["concurrency"]
+        for route, f in level["routes"].items():
+            used = f.get("pair") or range(len(f["rounds"]))
+            est, meas = [], []
+            for n in (i + 1 for i in used):
+                before, after = (recorded[f"mixed-c{c}-r{n}-{x}.prom"] for x in ("before", "after"))
+                page = product.parse(after)
+                payoff, mine, named = reading(page, product.parse(before), route, steps)
+                readings.setdefault((c, route), []).append((mine, named, acceptance(page, route)))
+                est += [payoff.estimated] if payoff.estimated is not None else []
+                meas += [payoff.measured] if payoff.measured is not None else []
+            truth = f.get("truth")
+            figures = [statistics.fmean(x) if x else None for x in (est, meas)]
+            errors += [x / truth - 1 for x in figures if x is not None and truth]
+            lines.append(
+                f"{c:<4} {route:<13} {_x(truth)}  {_x(f.get('estimated'))} "
+                f"({_err(f.get('estimated'), truth)})  "
+                + "  ".join(f"{_x(x)} ({_err(x, truth)})" for x in figures)
+            )
+    if errors:
+        worst = max(errors, key=abs)
+        lines.append(
+            f"Speedups recomputed: {sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} within "
+            f"10 %, {sum(abs(e) <= 0.05 for e in errors)} within 5 %; worst {worst:+.1%}"
+        )
+    verdicts, regrets = [], []
     for entry in data["sweep"]:
         if entry["mix"] != "mixed":
             continue
@@ -110,17 +175,29 @@ def rejudge(out: Path) -> list[str]:
         truth = {int(j): v for j, v in entry["speedup"].items()}
         lines.append(f"c={c} {route} truth " + " ".join(f"{truth[j]:.3f}" for j in sorted(truth)))
         said = []
-        for n in (i + 1 for i in pairs.get((c, route), ())):  # the rounds the table reads
-            before, after = (recorded[f"mixed-c{c}-r{n}-{x}.prom"] for x in ("before", "after"))
-            page = product.parse(after)
-            mine, named = reading(page, product.parse(before), route, steps, k)
+        for n, (mine, named, accepted) in enumerate(readings.get((c, route), []), 1):
             said.append(named)
             row = " ".join(f"{mine[j]:.3f}" for j in sorted(mine))
-            lines.append(f"  round {n}: {row}  said {named}" + acceptance(page, route))
+            charged = sweep.regret(truth, named)
+            regret = "-" if charged is None else f"{charged:.1%}"
+            lines.append(f"  round {n}: {row}  said {named} regret {regret}" + accepted)
         verdicts.append(sweep.judged(truth, said))
+        if (worst_regret := sweep.worst_regret(truth, said)) is not None:
+            regrets.append(worst_regret)
         lines.append(f"  {verdicts[-1]}")
-    lines.append(sweep.tally(verdicts))
+    if verdicts:
+        lines.append(sweep.tally(verdicts))
+    if regrets:
+        lines.append(f"Best draft length, worst regret: {max(regrets):.1%}")
     return lines
+
+
+def _x(value: float | None) -> str:
+    return "-     " if value is None else f"x{value:.3f}"
+
+
+def _err(value: float | None, truth: float | None) -> str:
+    return "-" if value is None or not truth else f"{value / truth - 1:+.1%}"
 
 
 def main(argv: list[str] | None = None) -> int:

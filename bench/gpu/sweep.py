@@ -102,6 +102,27 @@ def judged(speedup: Mapping[int, float | None], said: Sequence[Said]) -> str:
     return "met" if set(verdicts) == {"met"} else " / ".join(sorted(set(verdicts)))
 
 
+def regret(speedup: Mapping[int, float | None], said: Said) -> float | None:
+    """What following a reading costs: 1 - the true speedup at the k it named / the true
+    speedup at the true best k; a tie (its top two) is charged the worse of the two. None where
+    the truth has no figure for a k it named."""
+    top = best(speedup)
+    if top is None:
+        return None
+    figure = speedup[top[0]] or 0.0
+    named = said if isinstance(said, tuple) else (said,)
+    values = [speedup.get(k) for k in named]
+    if not figure or not values or any(v is None for v in values):
+        return None
+    return max(1 - (v or 0.0) / figure for v in values)
+
+
+def worst_regret(speedup: Mapping[int, float | None], said: Sequence[Said]) -> float | None:
+    """The largest regret of the readings (None: none could be charged)."""
+    charged = [r for s in said if (r := regret(speedup, s)) is not None]
+    return max(charged) if charged else None
+
+
 def tally(verdicts: Sequence[str]) -> str:
     """The count line of `judged`'s verdicts, by the issue's rule: the true best k named, or a
     tie the truth bears out; a wrong k within 5 % of the best is counted apart, not as met."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.gpu.sweep import Said, judged, tally, top_two
+from bench.gpu.sweep import Said, judged, tally, top_two, worst_regret
 from exporter.core.table import aligned
 
 
@@ -105,7 +105,28 @@ def _verdict_lines(data: dict[str, Any]) -> list[str]:
     ]
     if verdicts:
         lines.append(tally(verdicts))
+    lines += _regret_lines(data, seen)
     return lines
+
+
+def _regret_lines(data: dict[str, Any], seen: dict[tuple[int, str], dict[str, Any]]) -> list[str]:
+    """The worst regret over every swept level and route: the sidecar's readings', advise's."""
+    worst: dict[str, list[float]] = {"sidecar": [], "advise": []}
+    for s in data.get("sweep", []):
+        mine = seen.get((s["concurrency"], s["route"]))
+        if s.get("mix") != "mixed" or mine is None:
+            continue
+        speedup = {int(k): v for k, v in s["speedup"].items()}
+        told = [] if mine["advised"] is None else [mine["advised"]]
+        for name, said in (("sidecar", mine["readings"]), ("advise", told)):
+            if (r := worst_regret(speedup, said)) is not None:
+                worst[name].append(r)
+    if not worst["sidecar"] and not worst["advise"]:
+        return []
+    parts = [f"{name} {max(v):.1%}" for name, v in worst.items() if v]
+    return [
+        "Best draft length, worst regret (1 - true at the k named / true best): " + ", ".join(parts)
+    ]
 
 
 def _plain_lines(data: dict[str, Any]) -> list[str]:
@@ -147,7 +168,7 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
     seen = _sidecar(data)
     deployed = int(data.get("args", {}).get("k", 0) or 0)
     rows = [["level", "route", "mix", *(f"k={k}" for k in ks), "true best (lead)",
-             "sidecar best", "advise", "judged"]]  # fmt: skip
+             "sidecar best", "advise", "judged", "regret sidecar", "regret advise"]]  # fmt: skip
     notes = []
     measured: dict[int, dict[int, float]] = {}  # level -> measure's steps, printed once
     for s in data["sweep"]:
@@ -160,10 +181,11 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
             "-" if mine is None else _said(mine["readings"]),
             "-" if mine is None else mine["advise"],
             "-" if mine is None else judged(speedup, mine["said"]),
+            *(_regrets(speedup, mine)),
         ])  # fmt: skip
         if mine is not None:
             rows.append(["", "", "sidecar", *(_f(mine["options"].get(k)) for k in ks),
-                         "", "", "", ""])  # fmt: skip
+                         "", "", "", "", "", ""])  # fmt: skip
             truth, swept = mine["truth"], speedup.get(deployed)
             if truth and swept:
                 notes.append(f"  c={c} {route}: the sweep's k={deployed} x{swept:.3f} against the "
@@ -171,11 +193,11 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
         steps = {int(k): v for k, v in (s.get("steps") or {}).items()}
         if mix == "mixed" and any(v is not None for v in steps.values()):
             rows.append(["", "", "step, true", *(_f(steps.get(k)) for k in ks),
-                         "", "", "", ""])  # fmt: skip
+                         "", "", "", "", "", ""])  # fmt: skip
             if c not in measured:
                 measured[c] = _measure_steps(data, c, deployed)
                 rows.append(["", "", "step, measure", *(_f(measured[c].get(k)) for k in ks),
-                             "", "", "", ""])  # fmt: skip
+                             "", "", "", "", "", ""])  # fmt: skip
     return [
         "\nThe true best draft length: the A/B at each k (k=0: plain), the routes together "
         "(mixed) or alone; under each mixed row the sidecar's options in the mixed A/B, the "
@@ -183,6 +205,18 @@ def _sweep_lines(data: dict[str, Any]) -> list[str]:
         *aligned(rows),
         *notes,
     ]
+
+
+def _regrets(speedup: dict[int, float | None], mine: dict[str, Any] | None) -> list[str]:
+    """The worst regret of the sidecar's readings and of advise's, as percentages."""
+    if mine is None:
+        return ["-", "-"]
+    told = [] if mine["advised"] is None else [mine["advised"]]
+    return [_pct(worst_regret(speedup, said)) for said in (mine["readings"], told)]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _said(said: list[Said]) -> str:
@@ -207,6 +241,7 @@ def _sidecar(data: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
                 "said": readings + ([] if mine is None else [mine]),
                 "options": {int(k): v for k, v in f.get("by_draft_length", {}).items()},
                 "advise": "-" if mine is None else _said([mine]),
+                "advised": mine,
                 "truth": f["truth"],
             }
     return out

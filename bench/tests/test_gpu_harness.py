@@ -290,14 +290,16 @@ def test_the_table_shows_truth_sidecar_and_sweep() -> None:
     lines = text.splitlines()
     row = next(x.split() for x in lines if x.startswith("1 ") and "mixed" in x)
     assert row[:6] == ["1", "voice_chat", "mixed", "1.000", "1.200", "1.150"]
-    assert row[-3:] == ["1/1", "-", "met"]  # two readings of 1; no advise recorded; judged
+    # two readings of 1; no advise recorded; judged; the regret of following them, advise's
+    assert row[-5:] == ["1/1", "-", "met", "0.0%", "-"]
     options = next(x.split() for x in lines if x.lstrip().startswith("sidecar"))
     assert options == ["sidecar", "-", "1.210", "1.140"]  # no k = 0 option: the plain engine
     # the sweep's k = 2 (the deployed k) against the mixed A/B's truth at that level
     assert "c=1 voice_chat: the sweep's k=2 x1.150 against the A/B's x1.100 (+4.5%)" in text
-    assert lines[-2:] == [
+    assert lines[-3:] == [
         "Speedups: 2 of 2 within 10 % of the truth, 2 within 5 %; worst 2.7%",
         "Best draft length: 1 of 1 met (mixed sweep)",
+        "Best draft length, worst regret (1 - true at the k named / true best): sidecar 0.0%",
     ]
 
 
@@ -415,9 +417,11 @@ def test_the_count_of_best_ks_met_keeps_a_near_k_apart() -> None:
         "alone": [],
         "sweep": [{**sweep_row, "route": "voice_chat"}, {**sweep_row, "route": "coding_agent"}],
     }
-    assert table.report(data).splitlines()[-1] == (
-        "Best draft length: 1 of 2 met (mixed sweep); 1 named a k within 5 % of the best"
-    )
+    assert table.report(data).splitlines()[-2:] == [
+        "Best draft length: 1 of 2 met (mixed sweep); 1 named a k within 5 % of the best",
+        # the agent's reading of 1: 1.17 where 2 gives 1.20
+        "Best draft length, worst regret (1 - true at the k named / true best): sidecar 2.5%",
+    ]
 
 
 def test_advise_is_judged_with_the_sidecars_readings() -> None:
@@ -429,11 +433,12 @@ def test_advise_is_judged_with_the_sidecars_readings() -> None:
     data = _one_mixed_level(route, {0: 1.0, 1: 1.17, 2: 1.20, 3: 1.05}, advice)
     row, _ = _mixed_row(data)
     # the sidecar named 2 twice (met); advise called 2 and 3 a tie, and 3 is 12.5 % under
-    assert row[-6:] == ["2/2", "tie(2,3)", "missed", "(1", "of", "3)"]
+    # (its tie is charged the worse k: 3, 1 - 1.05 / 1.20)
+    assert row[-8:] == ["2/2", "tie(2,3)", "missed", "(1", "of", "3)", "0.0%", "12.5%"]
     advice["routes"][0]["by_draft_length"]["3"] = [0.9, 0.1]  # now its top two are 2 and 1
     row, lines = _mixed_row(data)
-    assert row[-6:] == ["2/2", "tie(2,1)", "met", "/", "met:", "tie"]
-    assert lines[-1] == "Best draft length: 1 of 1 met (mixed sweep)"
+    assert row[-8:] == ["2/2", "tie(2,1)", "met", "/", "met:", "tie", "0.0%", "2.5%"]
+    assert lines[-2] == "Best draft length: 1 of 1 met (mixed sweep)"
 
 
 def test_a_tie_is_missed_where_the_truth_leads_by_more_than_5_percent() -> None:
@@ -449,8 +454,9 @@ def test_the_table_judges_a_tie_by_the_sidecars_own_top_two() -> None:
         readings=[{"by_draft_length": {"1": 1.1, "2": 1.3, "3": 1.28}}, {}],
     )
     row, lines = _mixed_row(_one_mixed_level(route, {0: 1.0, 1: 1.20, 2: 1.18, 3: 1.0}))
-    assert row[-6:] == ["tie(2,3)/2", "-", "missed", "(1", "of", "2)"]
-    assert lines[-1] == "Best draft length: 0 of 1 met (mixed sweep)"
+    # the tie charged its worse k, 3: 1 - 1.0 / 1.2
+    assert row[-8:] == ["tie(2,3)/2", "-", "missed", "(1", "of", "2)", "16.7%", "-"]
+    assert lines[-2] == "Best draft length: 0 of 1 met (mixed sweep)"
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.core.payoff import (
     best_draft_length,
+    linear_costs,
     speedups_by_draft_length,
-    step_seconds,
 )
 from exporter.core.schedule import BadSchedule, Schedule
 
@@ -253,10 +253,9 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
     best_k: dict[int, int] = {}
     for b in BATCHES:
         plain, verify = plain0 + plain1 * b, verify0 + verify1 * b
-        options = speedups_by_draft_length(per_position, 1.0, plain, verify, 0.0)
-        seconds[b] = {
-            o.draft_length: step_seconds(o.draft_length, plain, verify, k) for o in options
-        }
+        costs = linear_costs(plain, verify, k, k)
+        options = speedups_by_draft_length(per_position, 1.0, costs, 0.0)
+        seconds[b] = {o.draft_length: plain * costs[o.draft_length] for o in options}
         chosen = best_draft_length(options)
         best_k[b] = chosen.draft_length if chosen else k
     advised = _ranges(best_k)

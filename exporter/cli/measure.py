@@ -40,6 +40,7 @@ from exporter.measure.runner import (
 from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_file
 
 EXIT_FAILED = 1
+DEFAULT_CONTEXT_TOKENS = 512
 
 
 def register(add_verb: AddVerb) -> None:
@@ -96,6 +97,16 @@ def register(add_verb: AddVerb) -> None:
         "levels (1,4,16) with --baseline-url measure the step-time curve: per level the "
         "engine's running requests, seconds per step with and without speculation, the "
         "speedup, and a `models:` block with the curve",
+    )
+    p.add_argument(
+        "--context-tokens",
+        type=int,
+        default=DEFAULT_CONTEXT_TOKENS,
+        metavar="N",
+        help="with several --concurrency levels: each level again with about N tokens more "
+        "context in every request, for what a step gains per token of context (the sidecar "
+        f"reads the curve at the live context with it; default {DEFAULT_CONTEXT_TOKENS}, "
+        "0 skips it; keep N + the longest request under the engine's context per sequence)",
     )
     p.add_argument(
         "--engine",
@@ -200,6 +211,8 @@ def _setup(args: argparse.Namespace) -> Setup:
             "--runs must be >= 1 and --concurrency N or N,N,... with each N "
             f">= 1 (got --concurrency {args.concurrency!r})"
         )
+    if args.context_tokens < 0:
+        raise UsageError(f"--context-tokens takes N >= 0, got {args.context_tokens}")
     if len(levels) > 1 and not args.baseline_url:
         raise UsageError(
             "several --concurrency levels measure the step-time curve and "
@@ -295,7 +308,11 @@ def _curve(
     found: list[Level] = []
     code = 0
     try:
-        asyncio.run(measure_curve(base, plain_base, scenarios, args.model, levels, plan, found))
+        asyncio.run(
+            measure_curve(
+                base, plain_base, scenarios, args.model, levels, plan, found, args.context_tokens
+            )
+        )
     except MeasureError as exc:
         print(f"specdec measure: {exc}", file=sys.stderr)
         code = EXIT_FAILED

@@ -227,6 +227,13 @@ class StepTimePoint:
     verify_seconds: float | None = setting(_POSITIVE, None)
     # verify steps at draft lengths below k, {length: seconds}: engines with a per-request k
     draft_seconds: tuple[tuple[int, float], ...] = setting(_draft_seconds, ())
+    # draft tokens per decode step of the verify phase where below k (a schedule's band)
+    verify_drafts: float | None = setting(number(0.0, 64.0), None)
+    # tokens a running request held in its KV over the point's phases, and what a step gains
+    # per token more of it (measure at two context lengths)
+    context_tokens: float | None = setting(number(0.0, 1e9), None)
+    plain_seconds_per_context_token: float = setting(number(0.0, 1.0), 0.0)
+    verify_seconds_per_context_token: float = setting(number(0.0, 1.0), 0.0)
 
 
 def _schedule(r: Reader, node: yaml.Node, key: str) -> Schedule:
@@ -275,12 +282,23 @@ class ModelConfig:
         if self.step_time:
             return StepCurve(
                 tuple(
-                    StepPoint(p.running, p.plain_seconds, p.verify_seconds, p.draft_seconds)
+                    StepPoint(
+                        p.running,
+                        p.plain_seconds,
+                        p.verify_seconds,
+                        p.draft_seconds,
+                        p.verify_drafts,
+                        p.context_tokens,
+                        p.plain_seconds_per_context_token,
+                        p.verify_seconds_per_context_token,
+                    )
                     for p in self.step_time
-                )
+                ),
+                self.num_speculative_tokens,
             )
         if self.plain_decode_tokens_per_second:
-            return single_point_curve(self.step_cost_ratio, self.plain_decode_tokens_per_second)
+            rate, k = self.plain_decode_tokens_per_second, self.num_speculative_tokens
+            return single_point_curve(self.step_cost_ratio, rate, k)
         return None
 
 

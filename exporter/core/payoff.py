@@ -1,40 +1,56 @@
 """The payoff analysis as pure functions of measured numbers plus model config.
 
-A verify step yields `tokens per step` tokens and takes as long as it takes at the engine's
-batch; a plain step of the same model at the same batch takes `StepCurve.plain(batch)`. So
-speculation pays tokens_per_step x plain step seconds / verify step seconds, at the load it
-runs: a verify step processes b x (k + 1) tokens, so its cost grows with the batch faster than
-a plain step's (SmartSpec, arXiv 2406.14066; Kong et al., arXiv 2605.15051). At batch 1 this
-is today's `tokens_per_step / step_cost_ratio`, which breaks even when 1 + k * acceptance =
-step_cost_ratio. Decoding reads every weight once per step, so memory bandwidth / bytes per
-token bounds plain decode (the roofline).
+A decode step of a batch costs what its engine does in it: read every weight once, read each
+running request's KV (its context), compute over the step's tokens (b for a plain step,
+b x (k + 1) for a verify step of k drafts), run the drafter, and take in the chunks of new
+requests' prefills. What speculation pays a route is its tokens per step x the plain step's
+seconds / the speculative step's seconds, at the load it runs. The speculative step is
+observed; the plain step *now* is the counterfactual. It is taken as the observed step / the
+cost ratio (a step at the drafts it ran / a plain step) that `specdec measure` found at the
+same batch and context: whatever the live traffic and measure's do not share (the GPU's clock,
+the engine's history, other tenants, a slower card) scales both steps alike and cancels in the
+ratio, while the context, which moves the two steps by different amounts (vLLM reads a KV
+once for all k + 1 queries; llama.cpp's verify reads it more), is modelled: each curve point
+carries how many seconds a step gains per token of mean context, plain and speculative, from
+measure's phases at two context lengths. So the estimated speedup is tokens per step / cost
+ratio at (batch, context, drafts per step), and a window whose steps drafted nothing reads
+x1.0 exactly. docs/metrics.md argues the design against the engines' cost structure.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+from exporter.core.counts import Counts, ratios
+from exporter.core.stats import Interval
+
+# the shortest a step read at another context may be, as a share of the step measured: a
+# context far shorter than measure's cannot take off more than its KV read
+SHORTEST_SHARE = 0.2
 
 
 @dataclass(frozen=True, slots=True)
 class Decode:
-    """Streamed requests' tokens after their first, the seconds those took (first to last
-    token), and, where the engine counted them per request, the verify steps that made them."""
+    """Streamed requests' tokens after their first and the seconds those took (first to last
+    token); where the engine counted them per request, the decode steps that made them and the
+    draft tokens proposed in those steps; and, where their prompt's length is known, their
+    decode seconds (`context_weight`) and those seconds x the tokens a request held in its KV
+    on average while it decoded (its prompt + half its decode: `context_seconds`)."""
 
     tokens: float = 0.0
     seconds: float = 0.0
     steps: float = 0.0
+    draft_tokens: float = 0.0
+    context_seconds: float = 0.0
+    context_weight: float = 0.0
 
     def __add__(self, other: Decode) -> Decode:
-        return Decode(
-            self.tokens + other.tokens, self.seconds + other.seconds, self.steps + other.steps
-        )
+        return Decode(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def __sub__(self, other: Decode) -> Decode:
-        return Decode(
-            self.tokens - other.tokens, self.seconds - other.seconds, self.steps - other.steps
-        )
+        return Decode(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
     @property
     def rate(self) -> float | None:
@@ -43,6 +59,17 @@ class Decode:
     @property
     def seconds_per_step(self) -> float | None:
         return self.seconds / self.steps if self.steps > 0 and self.seconds > 0 else None
+
+    @property
+    def drafts_per_step(self) -> float | None:
+        """Draft tokens per decode step of the requests whose steps were counted (0: the steps
+        drafted nothing, as under a schedule's k = 0)."""
+        return self.draft_tokens / self.steps if self.steps > 0 else None
+
+    @property
+    def context(self) -> float | None:
+        """The tokens a decoding request held in its KV, time-weighted."""
+        return self.context_seconds / self.context_weight if self.context_weight > 0 else None
 
 
 def decode_steps(tokens: float, accepted: float, verify_steps: float | None = None) -> float:
@@ -59,8 +86,8 @@ class Batch:
     running request sees on average (idle time weighs nothing): the batch the route's decode
     steps ran at, which is what a step-time curve is read at. Where the model has a curve,
     also b x plain(b) dt and b x verify(b) dt: over b dt, the plain (verify) step a running
-    request saw, the curve read at every batch it ran at (what PromQL reads: no line through
-    the curve's points)."""
+    request saw, the curve read at every batch it ran at, at measure's own contexts (what
+    PromQL reads: no line through the curve's points)."""
 
     request_seconds: float = 0.0
     batch_request_seconds: float = 0.0
@@ -68,20 +95,10 @@ class Batch:
     verify_step_seconds: float = 0.0
 
     def __add__(self, other: Batch) -> Batch:
-        return Batch(
-            self.request_seconds + other.request_seconds,
-            self.batch_request_seconds + other.batch_request_seconds,
-            self.plain_step_seconds + other.plain_step_seconds,
-            self.verify_step_seconds + other.verify_step_seconds,
-        )
+        return Batch(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def __sub__(self, other: Batch) -> Batch:
-        return Batch(
-            self.request_seconds - other.request_seconds,
-            self.batch_request_seconds - other.batch_request_seconds,
-            self.plain_step_seconds - other.plain_step_seconds,
-            self.verify_step_seconds - other.verify_step_seconds,
-        )
+        return Batch(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
     @classmethod
     def held(cls, running: float, seconds: float, curve: StepCurve | None) -> Batch:
@@ -101,8 +118,9 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class StepPoint:
-    """One point of a model's step-time curve: seconds per plain decode step and per verify
-    step with `running` requests in the engine's batch (`specdec measure --concurrency`)."""
+    """One point of a model's step-time curve (`specdec measure --concurrency`): seconds per
+    decode step with `running` requests in the engine's batch, plain and speculative, at the
+    context (tokens a running request held in its KV) measure's traffic had there."""
 
     running: float
     plain_seconds: float
@@ -110,34 +128,76 @@ class StepPoint:
     # verify steps measured at draft lengths below k, (length, seconds): engines that take a
     # draft length per request (`specdec measure` on llama.cpp)
     draft_seconds: tuple[tuple[int, float], ...] = ()
+    # draft tokens per decode step of the phase `verify_seconds` timed (None: the model's k;
+    # below it where a schedule's band or an n-gram drafter's misses drafted fewer)
+    verify_drafts: float | None = None
+    context: float | None = None  # tokens a running request held, time-weighted
+    # seconds a step gains per token of context: plain, and at `verify_drafts` drafts
+    plain_per_context_token: float = 0.0
+    verify_per_context_token: float = 0.0
+
+    def seconds(self, drafts: float, k: int, context: float | None = None) -> float | None:
+        """A step drafting `drafts` tokens per request (a mean: a fraction mixes steps), at
+        `context` (None: the point's own). Through the steps known: plain (0), the measured
+        draft lengths and the verify step; linear between two of them; past the longest,
+        on by the last increment per draft, never cheaper (measured slopes under 0 are noise).
+        None for drafts > 0 where the point has no speculative step."""
+        top = k if self.verify_drafts is None else self.verify_drafts
+        known = {0.0: self.plain_seconds, **{float(j): s for j, s in self.draft_seconds}}
+        if self.verify_seconds is not None and top > 0:
+            known[float(top)] = self.verify_seconds
+        xs = sorted(known)
+        if drafts > 0 and len(xs) < 2:
+            return None
+        if drafts >= xs[-1]:
+            slope = 0.0
+            if len(xs) > 1:
+                slope = max(0.0, (known[xs[-1]] - known[xs[-2]]) / (xs[-1] - xs[-2]))
+            base = known[xs[-1]] + slope * (drafts - xs[-1])
+        else:
+            base = _interpolate(list(known.items()), drafts)
+        if context is None or self.context is None:
+            return base
+        per_token = self.plain_per_context_token
+        if top > 0:  # the KV term at `drafts`, linear from the plain step's to the verify's
+            per_token += (self.verify_per_context_token - per_token) * drafts / top
+        return max(base + max(per_token, 0.0) * (context - self.context), SHORTEST_SHARE * base)
 
 
 @dataclass(frozen=True, slots=True)
 class StepCurve:
-    """Step seconds against the batch, linear between measured points and flat beyond them
-    (a curve is trusted only where it was measured; one point is a load-blind constant)."""
+    """Step seconds against the batch (linear between measured points, flat beyond them: a
+    curve is trusted only where it was measured; one point is a load-blind constant), by the
+    draft tokens per step and at a context, for a model whose verify step drafts `k`."""
 
     points: tuple[StepPoint, ...]
+    k: int
 
-    def plain(self, running: float) -> float:
-        return _interpolate([(p.running, p.plain_seconds) for p in self.points], running)
-
-    def verify(self, running: float) -> float | None:
-        known = [(p.running, p.verify_seconds) for p in self.points if p.verify_seconds is not None]
+    def seconds(self, drafts: float, running: float, context: float | None = None) -> float | None:
+        known = [
+            (p.running, s)
+            for p in self.points
+            if (s := p.seconds(drafts, self.k, context)) is not None
+        ]
         return _interpolate(known, running) if known else None
 
-    def drafting(self, running: float) -> dict[int, float]:
-        """The verify step's seconds at each draft length measured below k, at `running`, as
-        measured: each point is its own phase of `measure`, so scaling them all to the live
-        step at k would carry that one phase's error into every option (H200, c = 16: measure's
-        step at 1 draft within 0.2 % of the truth's, at k 9 % over the live step; scaled, the
-        options at 1 read 12-19 % high and named 1 where the truth ranked 0 and 4: §11, run 23).
-        Scaling was needed while measure's window chose fast requests (run 19, a kink at k)."""
-        found: dict[int, list[tuple[float, float]]] = {}
-        for p in self.points:
-            for length, seconds in p.draft_seconds:
-                found.setdefault(length, []).append((p.running, seconds))
-        return {length: _interpolate(known, running) for length, known in sorted(found.items())}
+    def plain(self, running: float, context: float | None = None) -> float:
+        return _interpolate(
+            [(p.running, p.seconds(0.0, self.k, context) or 0.0) for p in self.points], running
+        )
+
+    def verify(self, running: float, context: float | None = None) -> float | None:
+        """The verify step at k (measure's own steps: under a schedule the band's k)."""
+        return self.seconds(self.k, running, context)
+
+    def cost(self, drafts: float, running: float, context: float | None = None) -> float | None:
+        """A step of `drafts` draft tokens per request / a plain step, at the batch and context:
+        the ratio the counterfactual plain step is read through (1.0 at no drafts)."""
+        if drafts <= 0:
+            return 1.0
+        step = self.seconds(drafts, running, context)
+        plain = self.plain(running, context)
+        return step / plain if step is not None and plain > 0 else None
 
     @property
     def load_aware(self) -> bool:
@@ -170,62 +230,84 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def single_point_curve(step_cost_ratio: float, plain_tokens_per_second: float) -> StepCurve:
+def single_point_curve(step_cost_ratio: float, plain_tokens_per_second: float, k: int) -> StepCurve:
     """Today's calibration as a curve: one plain rate and one step cost, at any batch."""
     plain = 1.0 / plain_tokens_per_second
-    return StepCurve((StepPoint(1.0, plain, plain * step_cost_ratio),))
+    return StepCurve((StepPoint(1.0, plain, plain * step_cost_ratio),), k)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What the engine ran over a window, as the proxy saw it across every route: the batch a
+    running request saw, the context it held, and the draft tokens per decode step of the
+    requests whose steps were counted (the steps every route in the batch shares)."""
+
+    running: float | None
+    context: float | None = None
+    drafts_per_step: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Speedups:
-    """A route's payoff over a window, two ways at the same batch (None: not known)."""
+    """A route's payoff over a window, two ways at the same load (None: not known)."""
 
-    estimated: float | None  # tokens per decode step x plain / decode step seconds
-    measured: float | None  # decode rate x plain step seconds
-    plain_seconds: float | None = None  # a plain step at the batch (the curve)
-    step_seconds: float | None = None  # a speculative step: observed, else the curve's
-    # verify steps at draft lengths below k at the batch, where measured (the curve's)
-    draft_seconds: Mapping[int, float] = field(default_factory=dict)
-    curve_step_seconds: float | None = None  # the curve's verify step at the batch
-    # tokens per step of the steps `step_seconds` timed (observed, else the one given)
-    tokens_per_step: float | None = None
+    estimated: float | None  # tokens per decode step / the cost ratio at the load
+    measured: float | None  # decode rate x the plain step now
+    plain_seconds: float | None = None  # the plain step now: the observed step / the cost ratio
+    # a step drafting j tokens / a plain step at the load, j = 0..k + MODELLED_BEYOND where the
+    # curve says (past what measure timed, extrapolated by its own increments)
+    costs: Mapping[int, float] = field(default_factory=dict)
+    drafts_per_step: float | None = None  # of the steps the cost ratio was read at
+    tokens_per_step: float | None = None  # per decode step of the route's counted requests
 
     @classmethod
     def at_load(
         cls,
         curve: StepCurve | None,
-        running: float | None,
+        load: Load,
         tokens_per_step: float | None,
         decoded: Decode,
         exact: Decode,
+        k: int | None = None,
     ) -> Speedups:
         """`decoded`: the route's streamed requests; `exact`: those whose steps the engine
-        counted. Observed, the estimate is their tokens per decode step x the plain step's
-        seconds / their seconds per decode step (steps without drafts included, so an n-gram
-        drafter's unmatched steps are not lost); without such requests, `tokens_per_step` (per
-        verify step) x plain / the curve's verify step. No batch and a load-aware curve:
-        nothing."""
-        if curve is None or (curve.load_aware and running is None):
+        counted; `load`: the engine's over the same window; `k`: the draft length the engine
+        runs at that batch (a schedule's band; default the curve's), read where no request's
+        steps were counted. Observed, the estimate is their tokens per decode step / the cost
+        ratio at the drafts per step every route's counted steps had (steps without drafts
+        included, so an n-gram drafter's misses and a schedule's plain steps are not lost);
+        without such requests, `tokens_per_step` (per verify step) / the cost at k. No drafts
+        in the window: x1.0, speculation was off. No batch and a load-aware curve: nothing."""
+        if curve is None or (curve.load_aware and load.running is None):
             return cls(None, None)
-        batch = 1.0 if running is None else running
-        plain = curve.plain(batch)
+        batch = 1.0 if load.running is None else load.running
+        k = curve.k if k is None else k
+        drafts = load.drafts_per_step
+        observed = exact.seconds_per_step is not None and drafts is not None
+        if not observed:
+            drafts = float(k)
+        assert drafts is not None
+        cost = curve.cost(drafts, batch, load.context)
+        if drafts <= 0:  # the engine ran plain steps: nothing gained, nothing lost
+            plain = exact.seconds_per_step or curve.plain(batch, load.context)
+            return cls(1.0, 1.0 if decoded.rate else None, plain, {}, 0.0)
+        if cost is None:
+            return cls(None, None)
         estimated = None
-        step = exact.seconds_per_step
-        if step is not None:
-            tokens_per_step = exact.tokens / exact.steps
-            estimated = tokens_per_step * plain / step
-        elif tokens_per_step is not None and (step := curve.verify(batch)):
-            estimated = tokens_per_step * plain / step
+        if observed:
+            estimated = (exact.tokens / exact.steps) / cost
+            plain = (exact.seconds_per_step or 0.0) / cost
+        else:
+            plain = curve.plain(batch, load.context)
+            if tokens_per_step is not None:
+                estimated = tokens_per_step / cost
         measured = None if decoded.rate is None else decoded.rate * plain
-        return cls(
-            estimated,
-            measured,
-            plain,
-            step,
-            curve.drafting(batch),
-            curve.verify(batch),
-            tokens_per_step,
-        )
+        costs = {0: 1.0}
+        for length in range(1, max(k, round(drafts)) + MODELLED_BEYOND + 1):
+            if (c := curve.cost(length, batch, load.context)) is not None:
+                costs[length] = c
+        tokens = exact.tokens / exact.steps if observed else None
+        return cls(estimated, measured, plain, costs, drafts, tokens)
 
 
 def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
@@ -247,73 +329,79 @@ class DraftLength:
     halfwidth: float | None  # 95 %, from the acceptance's; None: not known
 
 
-def step_seconds(
-    length: int,
-    plain: float,
-    verify: float,
-    k: int,
-    measured: Mapping[int, float] | None = None,
-    measured_verify: float | None = None,
-) -> float:
-    """Seconds of a step drafting `length` tokens, through the steps known: the plain step (no
-    draft), the verify step at k and, where measured, the verify steps at shorter draft
-    lengths; linear between two of them. Past k, a further draft costs what the measured
-    steps say one costs at k: the increment from the longest measured below k to
-    `measured_verify` (the curve's own step at k, so the slope is one phase's against
-    another's of the same measure, not against the live step: run 23 at c = 16, the line from
-    measure's k - 1 to the live k was a fifth of the truth's slope), else to `verify`; flat
-    where that falls (at c = 1 the measured steps are within noise of one another: run 21).
-    Without measured ones, linear from the plain step (the simulator's model; an
-    interpolation for a real engine). Measured, llama.cpp's step is not linear from the plain
-    one nor in k: its draft model costs ~0.7 of a plain step whatever k, and at c = 16 a
-    second draft 0.7, each further one ~0.3 (docs/BENCHMARKS.md §11, run 18)."""
-    below = {j: x for j, x in (measured or {}).items() if 0 < j < k}
-    known = {0: plain, **below, k: verify}
-    if length in known:
-        return known[length]
-    if length > k:  # a step drafting more is never cheaper: measured slopes under 0 are noise
-        base = max(below, default=0)
-        top = measured_verify if below and measured_verify is not None else verify
-        return verify + max(0.0, top - known[base]) * (length - k) / (k - base)
-    low = max(j for j in known if j < length)
-    high = min(j for j in known if j > length)
-    return known[low] + (known[high] - known[low]) * (length - low) / (high - low)
+def linear_costs(plain: float, verify: float, k: int, upto: int) -> dict[int, float]:
+    """Cost ratios 0..`upto` for a step linear in its drafts from the plain step (0) to the
+    verify step (k): the simulator's model, and what a line through plain and verify steps
+    alone can say (`specdec advise`'s schedule)."""
+    return {j: (plain + (verify - plain) * j / k) / plain for j in range(upto + 1)}
 
 
 def speedups_by_draft_length(
     per_position: tuple[float, ...],
     drafts: float,
-    plain: float,
-    verify: float,
+    costs: Mapping[int, float],
     relative_halfwidth: float | None,
-    k: int | None = None,
-    measured: Mapping[int, float] | None = None,
-    measured_verify: float | None = None,
 ) -> list[DraftLength]:
     """k' = 0..len(per_position): tokens per step E(k') = 1 + sum_{i<k'} P(more than i drafts
     accepted) (position i is only drafted when k' > i, so the truncated sum is what k' would
-    have produced), and a step's seconds by `step_seconds` from the observed verify step at k
-    (default: every position given was drafted). `relative_halfwidth`: of the accepted tokens
-    per step, taken to scale the accepted part of every E(k') alike (an approximation: the
-    positions move together)."""
-    k = len(per_position) if k is None else k
-    if drafts <= 0 or k == 0 or plain <= 0 or verify <= 0:
+    have produced) over `costs[k']`, a step of k' drafts against a plain one at the load.
+    `relative_halfwidth`: of the accepted tokens per step, taken to scale the accepted part of
+    every E(k') alike (an approximation: the positions move together)."""
+    if drafts <= 0 or not per_position or not costs.get(1):
         return []
     out = [DraftLength(0, 1.0, 0.0)]
     accepted = 0.0
     for length in range(1, len(per_position) + 1):
         accepted += per_position[length - 1] / drafts
-        seconds = step_seconds(length, plain, verify, k, measured, measured_verify)
-        speedup = (1 + accepted) * plain / seconds
-        half = None if relative_halfwidth is None else accepted * relative_halfwidth
-        out.append(DraftLength(length, speedup, None if half is None else half * plain / seconds))
+        cost = costs.get(length)
+        if cost is None or cost <= 0:
+            break
+        half = None if relative_halfwidth is None else accepted * relative_halfwidth / cost
+        out.append(DraftLength(length, (1 + accepted) / cost, half))
     return out
 
 
 # draft lengths past k offered where a route's profile is modelled (geometric_positions): a
-# draft length the engine must be restarted with; on the GPU bench the agent's best was k = 5
-# at a deployed 3 (docs/BENCHMARKS.md §11)
+# draft length the engine must be restarted with
 MODELLED_BEYOND = 2
+
+
+def observed_draft_length(c: Counts, payoff: Speedups, scheduled: int | None) -> int | None:
+    """The draft length the route's verify steps ran: 0 where its window's steps drafted
+    nothing, else its draft tokens per verify step rounded, else `scheduled` (the k the engine
+    runs at the batch)."""
+    if payoff.drafts_per_step == 0:
+        return 0
+    if c.drafts and c.draft_tokens is not None:
+        return round(c.draft_tokens / c.drafts)
+    return scheduled
+
+
+def options_by_draft_length(
+    c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
+) -> list[DraftLength]:
+    """The route's speedup at each draft length from 0 at the load: tokens per step from its
+    per-position acceptance over `payoff.costs`. Its own positions where its requests state
+    them (`own_positions`; 0..k: nothing is known past k), else (llama.cpp: the engine's
+    positions mix every route) the geometric profile of its own acceptance, 0..k +
+    MODELLED_BEYOND (the profile goes on past k). `k`: the draft length of the steps observed
+    (`observed_draft_length`; 0 or None: nothing to say)."""
+    if not payoff.costs or not c.drafts or not k:
+        return []
+    relative = None
+    if interval is not None and interval.estimate > 0:
+        relative = interval.halfwidth / interval.estimate
+    positions, steps = c.per_position[:k], c.drafts
+    if not own_positions:
+        # per position over k, from the steps the exact requests were timed on, so a route's
+        # requests ended early (their counts apportioned from the engine's, not their own)
+        # stay out and the option at k is the estimated speedup (docs/metrics.md)
+        observed = payoff.tokens_per_step
+        acceptance = (observed - 1) / k if observed is not None else ratios(c).acceptance
+        if acceptance is None:
+            return []
+        positions, steps = geometric_positions(acceptance, k, k + MODELLED_BEYOND), 1.0
+    return speedups_by_draft_length(positions, steps, payoff.costs, relative)
 
 
 def geometric_positions(

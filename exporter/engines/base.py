@@ -151,6 +151,12 @@ class Engine:
         response) and the tokens they say it generated; ({}, 0) where it sends none."""
         return {}, 0
 
+    def prompt_tokens(self, usage: Mapping[str, Any], timings: Mapping[str, Any]) -> int | None:
+        """The tokens of a request's prompt the engine held in its KV: its usage's (None: not
+        stated, or not a count)."""
+        stated = usage.get("prompt_tokens")
+        return stated if type(stated) is int and stated >= 0 else None
+
     def worker_fields(self, worker: int) -> dict[str, Any]:
         """Body members that keep a load generator's `worker` on one part of the engine from one
         request to the next, where the part changes a step's cost; none here."""

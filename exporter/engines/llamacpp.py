@@ -56,6 +56,15 @@ class Llamacpp(Vllm):
         predicted = found.get("predicted_n")
         return found, predicted if type(predicted) is int and predicted >= 0 else 0
 
+    def prompt_tokens(self, usage: Mapping[str, Any], timings: Mapping[str, Any]) -> int | None:
+        """The usage's, else its timings' `prompt_n` evaluated + `cache_n` reused (a stream
+        gets no usage unless it asks, and asking moves the timings)."""
+        stated = super().prompt_tokens(usage, timings)
+        evaluated, cached = timings.get("prompt_n"), timings.get("cache_n", 0)
+        if stated is None and type(evaluated) is int and type(cached) is int:
+            return evaluated + cached if evaluated >= 0 and cached >= 0 else None
+        return stated
+
     def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None:
         """Its draft and accepted tokens, when they can be true: at most `draft_length` drafts
         per generated token, none accepted beyond them; a request that drafted nothing has no

@@ -13,60 +13,21 @@ from prometheus_client.core import (
 )
 
 from exporter.config import ModelConfig
-from exporter.core.counts import Counts, ratios, total
+from exporter.core.counts import ratios, total
 from exporter.core.payoff import (
-    MODELLED_BEYOND,
     Decode,
     DraftLength,
+    Load,
     Speedups,
     best_draft_length,
-    geometric_positions,
-    speedups_by_draft_length,
+    observed_draft_length,
+    options_by_draft_length,
 )
-from exporter.core.stats import Interval, RequestMoments
+from exporter.core.stats import RequestMoments
 from exporter.engines.base import Engine, Role
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
-
-
-def options_by_draft_length(
-    c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
-) -> list[DraftLength]:
-    """The route's speedup at each draft length from 0, from its per-position acceptance: its
-    own where its requests state them (`own_positions`; 0..k, nothing is known past k), else
-    (llama.cpp: the engine's positions mix every route) the geometric profile of its own
-    acceptance, 0..k + MODELLED_BEYOND (the profile goes on past k).
-    `k`: the draft length of the steps observed (under a schedule, the one it gives at the
-    batch: 0 leaves nothing to say)."""
-    if payoff.plain_seconds is None or payoff.step_seconds is None or not c.drafts or k == 0:
-        return []
-    relative = None
-    if interval is not None and interval.estimate > 0:
-        relative = interval.halfwidth / interval.estimate
-    positions, steps = c.per_position, c.drafts
-    if own_positions and k:  # under a schedule the steps drafted k, not every position
-        positions = positions[:k]
-    if not own_positions:
-        # per position over k, from the steps the step's seconds were timed on: the options
-        # at k are then the estimated speedup, and a route's requests ended early (their
-        # counts apportioned from the engine's, not their own) stay out (run
-        # 23: voice's acceptance read 0.40 with them, 0.36 without, at c = 16)
-        observed = payoff.tokens_per_step
-        acceptance = (observed - 1) / k if observed is not None and k else ratios(c).acceptance
-        if acceptance is None or not k:
-            return []
-        positions, steps = geometric_positions(acceptance, k, k + MODELLED_BEYOND), 1.0
-    return speedups_by_draft_length(
-        positions,
-        steps,
-        payoff.plain_seconds,
-        payoff.step_seconds,
-        relative,
-        k=k or None,
-        measured=payoff.draft_seconds,
-        measured_verify=payoff.curve_step_seconds,
-    )
 
 
 class RouteCollector(FamiliesCollector):
@@ -191,14 +152,38 @@ class RouteCollector(FamiliesCollector):
             "rate(decode_seconds{source=exact}) / rate(this).",
             labels=sourced,
         )
+        decode_drafts = CounterMetricFamily(
+            "specdec_route_decode_draft_tokens",
+            "Draft tokens proposed in the decode steps of specdec_route_decode_steps_total "
+            "(source=exact); summed over the routes of a model, their ratio is the drafts per "
+            "decode step the engine ran (0: speculation off, as a schedule's k = 0).",
+            labels=sourced,
+        )
+        held = CounterMetricFamily(
+            "specdec_route_decode_context_token_seconds",
+            "Streamed requests' decode seconds x the tokens each held in its KV meanwhile "
+            "(its prompt + half its decode), where the engine stated its prompt's tokens; over "
+            "specdec_route_decode_context_seconds_total: the context a decoding request held.",
+            labels=sourced,
+        )
+        held_seconds = CounterMetricFamily(
+            "specdec_route_decode_context_seconds",
+            "Decode seconds of the streamed requests whose prompt's tokens are known.",
+            labels=sourced,
+        )
         for key, n in sorted(acc.generation_tokens.items()):
             generated.add_metric(list(key), float(n))
         for decode_key, d in sorted(acc.decode.items()):
-            decode_tokens.add_metric(list(decode_key), d.tokens)
-            decode_seconds.add_metric(list(decode_key), d.seconds)
+            labels = list(decode_key)
+            decode_tokens.add_metric(labels, d.tokens)
+            decode_seconds.add_metric(labels, d.seconds)
+            held.add_metric(labels, d.context_seconds)
+            held_seconds.add_metric(labels, d.context_weight)
             if decode_key[2] == "exact":
-                decode_steps.add_metric(list(decode_key), d.steps)
-        yield from (generated, decode_tokens, decode_seconds, decode_steps)
+                decode_steps.add_metric(labels, d.steps)
+                decode_drafts.add_metric(labels, d.draft_tokens)
+        yield from (generated, decode_tokens, decode_seconds, decode_steps, decode_drafts)
+        yield from (held, held_seconds)
 
     def _histograms(self) -> Iterator[Metric]:
         acc = self.accounting
@@ -227,6 +212,7 @@ class RouteCollector(FamiliesCollector):
             routes = acc.history.increase(window, now)
             running = {} if self.target is None else self.target.mean_running(window, now)
             decode = acc.decoded(window, now)
+            loads = acc.load(window, now, running)
             moments = acc.moments_history.increase(window, now)
             for (route, model), c in sorted(routes.items()):
                 r = ratios(c)
@@ -238,22 +224,20 @@ class RouteCollector(FamiliesCollector):
             for (route, model), c in sorted(routes.items()):
                 config = self.models.get(model)
                 every, exact = decode.get((route, model), (Decode(), Decode()))
+                load = loads.get(model, Load(None))
+                # the k the engine runs at the batch: the schedule's, where one runs
+                k = None if config is None else config.scheduled_draft_length(load.running or 1.0)
                 payoff = Speedups.at_load(
                     None if config is None else config.curve,
-                    running.get(model),
+                    load,
                     ratios(c).mean_acceptance_length,
                     every,
                     exact,
+                    k,
                 )
                 interval = moments.get((route, model), RequestMoments()).interval()
-                batch = running.get(model)
                 options = options_by_draft_length(
-                    c,
-                    payoff,
-                    interval,
-                    self._own_positions,
-                    # the k of the steps observed: the schedule's at the batch, where one runs
-                    None if config is None else config.scheduled_draft_length(batch or 1.0),
+                    c, payoff, interval, self._own_positions, observed_draft_length(c, payoff, k)
                 )
                 _add_payoff(f, [route, model, window.label], payoff, options)
             if self.target is not None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -67,6 +68,18 @@ from exporter.scrape.exposition import scan
 
 SAMPLE_EVERY = 0.25  # seconds between two reads of the running-requests gauge
 LEVEL_ROUNDS = 3  # each scenario sends at least this many times the level's concurrency
+ERROR_BLOCKS = 4  # spans of a phase's steady window its error is read from
+
+
+@dataclass(frozen=True, slots=True)
+class Steady:
+    """A phase's decode in its steady window (steps and draft tokens None: not counted)."""
+
+    tokens: float
+    seconds: float
+    steps: float | None
+    draft_tokens: float | None
+    context: float | None  # tokens a decoding request held in its KV, time-weighted
 
 
 @dataclass
@@ -95,8 +108,15 @@ class Phase:
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not counted),
         inside the window: each request's share of them as much as its decode lies in it."""
-        window = self.window()
-        tokens = seconds = steps = 0.0
+        d = self.steady()
+        return d.tokens, d.seconds, d.steps
+
+    def steady(self, within: tuple[float, float] | None = None) -> Steady:
+        """The decode inside the window (or `within`, a part of it), each request pro rata
+        as much as its decode lies in it: tokens, seconds, steps where counted, draft tokens,
+        and the context the requests held (their prompt + half their decode, by seconds)."""
+        window = within or self.window()
+        tokens = seconds = steps = drafted = context = weight = 0.0
         counted = True
         for r in self.requests:
             own, spent, made = r.decode()
@@ -108,11 +128,39 @@ class Phase:
                 continue
             share = inside / spent
             tokens, seconds = tokens + own * share, seconds + inside
-            if made is None:
+            if (prompt := r.prompt_tokens) is not None:
+                context += inside * (prompt + 1 + own / 2)
+                weight += inside
+            if made is None or r.counts is None:
                 counted = False
                 continue
             steps += made * share
-        return tokens, seconds, steps if counted and steps else None
+            drafted += (r.counts.draft_tokens or 0.0) * share
+        return Steady(
+            tokens,
+            seconds,
+            steps if counted and steps else None,
+            drafted if counted and steps else None,
+            context / weight if weight else None,
+        )
+
+    def relative_error(self, plain: bool) -> float | None:
+        """The standard error of the window's seconds per step (per token when `plain`), as a
+        share of it: the window cut in ERROR_BLOCKS equal spans, the spread of their figures
+        (batch means: the batch and its contexts drift within a phase). None: too short."""
+        window = self.window()
+        if window is None:
+            return None
+        width = (window[1] - window[0]) / ERROR_BLOCKS
+        figures = []
+        for i in range(ERROR_BLOCKS):
+            d = self.steady((window[0] + i * width, window[0] + (i + 1) * width))
+            per = d.tokens if plain else d.steps
+            if not per or not d.seconds:
+                return None
+            figures.append(d.seconds / per)
+        mean = statistics.fmean(figures)
+        return statistics.stdev(figures) / math.sqrt(ERROR_BLOCKS) / mean
 
     def batch(self) -> list[float]:
         """The batch gauge's reads inside the window (all of them where none is)."""
@@ -127,6 +175,8 @@ class Level:
     spec: Phase = field(default_factory=Phase)
     plain: Phase = field(default_factory=Phase)
     drafting: dict[int, Phase] = field(default_factory=dict)  # the speculative endpoint at j < k
+    # spec and plain again with the scenarios lengthened (`measure_curve`'s `longer`)
+    longer: tuple[Phase, Phase] | None = None
 
     def draft_seconds(self) -> dict[int, float]:
         """Seconds per verify step at each draft length whose phase drafted that many tokens."""
@@ -143,25 +193,54 @@ class Level:
         return found
 
     def row(self) -> dict[str, Any]:
-        """The level as the `--json` document has it (None where it cannot be said)."""
-        s_tokens, s_seconds, s_steps = self.spec.decode()
-        p_tokens, p_seconds, _ = self.plain.decode()
-        spec_rate = s_tokens / s_seconds if s_seconds else None
-        plain_rate = p_tokens / p_seconds if p_seconds else None
+        """The level as the `--json` document has it (None where it cannot be said): with the
+        draft tokens per step of its speculative phase, the context its requests held, what a
+        step gains per token more of it (from the lengthened phases) and each step's relative
+        standard error."""
+        spec, plain = self.spec.steady(), self.plain.steady()
+        spec_rate = spec.tokens / spec.seconds if spec.seconds else None
+        plain_rate = plain.tokens / plain.seconds if plain.seconds else None
         samples = self.spec.batch() + self.plain.batch()
         busy = sum(samples)  # weighed by requests: the batch a running request sees
+        contexts = [c for c in (spec.context, plain.context) if c is not None]
+        slopes: tuple[float | None, float | None] = (None, None)
+        if self.longer is not None:
+            long_spec, long_plain = (p.steady() for p in self.longer)
+            slopes = (_per_context_token(plain, long_plain, True),
+                      _per_context_token(spec, long_spec, False))  # fmt: skip
         return {
             "concurrency": self.concurrency,
             "requests": len(self.spec.requests),
             "running": sum(b * b for b in samples) / busy if busy else None,
-            "verify_seconds": s_seconds / s_steps if s_steps else None,
+            "verify_seconds": spec.seconds / spec.steps if spec.steps else None,
+            "verify_drafts": (
+                spec.draft_tokens / spec.steps if spec.steps and spec.draft_tokens else None
+            ),
             "draft_seconds": self.draft_seconds(),
-            "plain_seconds": p_seconds / p_tokens if p_tokens else None,
-            "tokens_per_step": s_tokens / s_steps if s_steps else None,
+            "plain_seconds": plain.seconds / plain.tokens if plain.tokens else None,
+            "context": statistics.fmean(contexts) if contexts else None,
+            "plain_per_context_token": slopes[0],
+            "verify_per_context_token": slopes[1],
+            "plain_error": self.plain.relative_error(True),
+            "verify_error": self.spec.relative_error(False),
+            "tokens_per_step": spec.tokens / spec.steps if spec.steps else None,
             "decode_tokens_per_second": spec_rate,
             "plain_decode_tokens_per_second": plain_rate,
             "speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
         }
+
+
+def _per_context_token(short: Steady, long: Steady, plain: bool) -> float | None:
+    """Seconds a step gains per token of context, from a phase and its lengthened twin (a
+    plain phase makes one token a step); never below 0 (a step does not get cheaper with
+    more to read: a fall is noise). None where the contexts are not known or barely differ."""
+    per = (short.tokens, long.tokens) if plain else (short.steps, long.steps)
+    if short.context is None or long.context is None or not per[0] or not per[1]:
+        return None
+    gained = long.context - short.context
+    if gained < 0.1 * short.context or gained <= 0:
+        return None
+    return max(0.0, (long.seconds / per[1] - short.seconds / per[0]) / gained)
 
 
 def running_requests(page: str, gauge: str) -> float | None:
@@ -264,10 +343,13 @@ async def measure_curve(
     levels: list[int],
     plan: Plan,
     into: list[Level],
+    longer: int = 0,
 ) -> None:
     """Every level in turn, the scenarios together (the mix the routes share the engine in)
     against spec, spec at 1 and k - 1 drafts a step where the engine takes a draft length per
-    request, then plain; appends to `into`."""
+    request, then plain; then, where `longer` > 0, spec and plain again with every request
+    `longer` tokens of context more (`Scenario.lengthened`): a step's cost per token of
+    context, which the sidecar reads the curve at the live context with. Appends to `into`."""
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
@@ -282,3 +364,10 @@ async def measure_curve(
                 spec = partial(_phase, client, spec_url, spec_model, runs=runs, plan=at)
                 honoured = await _shorter_drafts(level, scenarios, plan.engine, spec)
             await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain)
+            if longer > 0:
+                lengthened = [s.lengthened(longer) for s in scenarios]
+                level.longer = (Phase(), Phase())
+                for url, name, phase in zip(
+                    (spec_url, plain_url), (spec_model, plain_model), level.longer, strict=True
+                ):
+                    await _phase(client, url, name, lengthened, runs, at, phase)

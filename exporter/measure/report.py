@@ -261,10 +261,12 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 
 def curve_table(levels: list[Row], model: str, k: int | None) -> str:
-    """The step-time curve per concurrency level, then a ready `models:` block holding it."""
+    """The step-time curve per concurrency level (each step with its relative standard error,
+    the context its requests held), then a ready `models:` block holding it."""
     header = [
         "concurrency",
         "running",
+        "context",
         "s/step spec",
         "s/step plain",
         "tokens/step",
@@ -278,8 +280,9 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
             [
                 str(r["concurrency"]),
                 _fmt(r["running"], "{:.1f}"),
-                _fmt(r["verify_seconds"], "{:.4f}"),
-                _fmt(r["plain_seconds"], "{:.4f}"),
+                _fmt(r.get("context"), "{:.0f}"),
+                _with_error(r["verify_seconds"], r.get("verify_error")),
+                _with_error(r["plain_seconds"], r.get("plain_error")),
                 _fmt(r["tokens_per_step"], "{:.2f}"),
                 _fmt(r["decode_tokens_per_second"], "{:.1f} tok/s"),
                 _fmt(r["plain_decode_tokens_per_second"], "{:.1f} tok/s"),
@@ -287,6 +290,10 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
             ]
         )
     lines = aligned(table)
+    lines.append(
+        "(± one standard error of a step's seconds: the steady window in four spans, the "
+        "spread of their figures)"
+    )
     points = [r for r in levels if r["running"] is not None and r["plain_seconds"]]
     if not points:
         lines.append("\nno level has both a batch and a plain step time: no curve to configure")
@@ -304,16 +311,35 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
         f"    plain_decode_tokens_per_second: {1 / first['plain_seconds']:.1f}",
         "    step_time:   # seconds per decode step against the engine's running requests",
     ]
-    for r in sorted(points, key=lambda r: r["running"]):
-        verify = f", verify_seconds: {r['verify_seconds']:.6f}" if r["verify_seconds"] else ""
-        if r.get("draft_seconds"):
-            lengths = ", ".join(f"{j}: {x:.6f}" for j, x in sorted(r["draft_seconds"].items()))
-            verify += f", draft_seconds: {{{lengths}}}"
-        lines.append(
-            f"      - {{running: {r['running']:.2f}, plain_seconds: {r['plain_seconds']:.6f}"
-            f"{verify}}}"
-        )
+    lines += [f"      - {{{_point(r, k)}}}" for r in sorted(points, key=lambda r: r["running"])]
     return "\n".join(lines)
+
+
+def _with_error(seconds: float | None, error: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.4f}" + ("" if error is None else f" ±{100 * error:.1f}%")
+
+
+def _point(r: Row, k: int | None) -> str:
+    """One step-time point as the config takes it: the steps, the draft tokens per step of the
+    verify step where not k, the context and what a step gains per token of it."""
+    out = [f"running: {r['running']:.2f}", f"plain_seconds: {r['plain_seconds']:.6f}"]
+    if r["verify_seconds"] and r.get("verify_drafts") != 0:
+        out.append(f"verify_seconds: {r['verify_seconds']:.6f}")
+        drafts = r.get("verify_drafts")
+        if drafts is not None and (k is None or abs(drafts - k) > 0.005):
+            out.append(f"verify_drafts: {drafts:.3f}")
+    if r.get("draft_seconds"):
+        lengths = ", ".join(f"{j}: {x:.6f}" for j, x in sorted(r["draft_seconds"].items()))
+        out.append(f"draft_seconds: {{{lengths}}}")
+    if r.get("context") is not None:
+        out.append(f"context_tokens: {r['context']:.0f}")
+        for kind in ("plain", "verify"):
+            slope = r.get(f"{kind}_per_context_token")
+            if slope is not None:
+                out.append(f"{kind}_seconds_per_context_token: {slope:.4g}")
+    return ", ".join(out)
 
 
 def curve_plot(levels: list[Row], path: str) -> None:

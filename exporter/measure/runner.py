@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ class Request:
 
     result: Result
     counts: Counts | None
+    prompt_tokens: int | None = None  # as its engine stated them
 
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not known)."""
@@ -81,6 +82,19 @@ class ScenarioResult:
             "mean_acceptance_length": ratios(e).mean_acceptance_length if e else None,
             "interrupted": self.interrupted,
         }
+
+
+def prompt_tokens(engine: Engine, result: Result) -> int | None:
+    """A streamed request's prompt tokens from its events: the usage event's, else the
+    engine's timings (llama.cpp's finish event)."""
+    usage: dict[str, Any] = {}
+    timings: Mapping[str, Any] = {}
+    for event in result.events:
+        if isinstance(event.get("usage"), dict):
+            usage = event["usage"]
+        found, _ = engine.timings(event, None)
+        timings = found or timings
+    return engine.prompt_tokens(usage, timings)
 
 
 def draft_length(counts: Counts) -> int | None:
@@ -215,7 +229,7 @@ async def replay(
             try:
                 r = await stream_chat(session, url, body)
                 counts = plan.engine.stream_counts(r.events)
-                result.requests.append(Request(r, counts))
+                result.requests.append(Request(r, counts, prompt_tokens(plan.engine, r)))
             except (RequestFailed, aiohttp.ClientError) as exc:
                 result.failures.append(str(exc) or type(exc).__name__)
             done = len(result.requests) + len(result.failures)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from exporter.config import ModelConfig
 from exporter.core.counts import MAX_DRAFT_LENGTH, Counts, total
-from exporter.core.payoff import Decode, decode_steps
+from exporter.core.payoff import Decode, Load, decode_steps
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
@@ -69,6 +69,7 @@ class RequestOutcome:
     model_name: str
     status: str
     completion_tokens: int = 0
+    prompt_tokens: int | None = None  # as the engine stated them (None: not stated)
     finish_reason: str = "other"  # one of FINISH_REASONS, else "other" (`finish_label`)
     ttft: float | None = None
     decode_seconds: float | None = None
@@ -227,23 +228,44 @@ class Accounting:
             out[(route, model)] = (every + d, exact + d if source == "exact" else exact)
         return out
 
+    def load(
+        self, window: Window, now: float, running: Mapping[str, float], partial: bool = False
+    ) -> dict[str, Load]:
+        """Per model over the window, what its engine ran as every route's requests show it:
+        the batch (`running`, the engine's), the context a decoding request held and the draft
+        tokens per decode step of the requests whose steps were counted. One figure for all
+        the routes: they share the engine's steps."""
+        summed: dict[str, Decode] = {}  # estimated requests add no steps, only their context
+        for (_, model, _), d in self.decode_history.increase(window, now, partial).items():
+            summed[model] = summed.get(model, Decode()) + d
+        return {
+            model: Load(running.get(model), d.context, d.drafts_per_step)
+            for model, d in summed.items()
+        } | {model: Load(b) for model, b in running.items() if model not in summed}
+
     def _add_decode(self, key: RouteKey, req: RequestOutcome) -> None:
         """A streamed request's decode: its tokens after the first content event (prefill's),
         the seconds from that event to the last, and, when the engine stated its accepted
-        drafts (source exact: vLLM's object, llama.cpp's timings), its decode steps: verify
-        steps plus the steps that drafted nothing, `core.payoff.decode_steps`."""
+        drafts (source exact: vLLM's object, llama.cpp's timings), its decode steps (verify
+        steps plus the steps that drafted nothing, `core.payoff.decode_steps`) and draft
+        tokens; where its prompt's tokens are known, the context it held while decoding."""
         seconds = req.decode_seconds or 0.0
         first = req.increments[0] if req.increments else 1
         tokens = max(req.completion_tokens - first, 0)
+        drafted = 0.0
         if req.exact is not None and req.exact.accepted is not None:
             steps: float | None = decode_steps(tokens, req.exact.accepted, req.exact.drafts)
+            drafted = req.exact.draft_tokens or 0.0
         elif req.drafted is not None:
             steps = decode_steps(tokens, req.drafted[1])
+            drafted = float(req.drafted[0])
         else:
             steps = None
+        held = 0.0 if req.prompt_tokens is None else seconds
+        context = 0.0 if req.prompt_tokens is None else req.prompt_tokens + first + tokens / 2
         decode_key = (*key, "estimated" if steps is None else "exact")
         self.decode[decode_key] = self.decode.get(decode_key, Decode()) + Decode(
-            tokens, seconds, steps or 0.0
+            tokens, seconds, steps or 0.0, drafted, context * held, held
         )
         self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(tokens / seconds)
 

@@ -64,6 +64,7 @@ def request_outcome(
         model_name=model,
         status=status,
         completion_tokens=tokens,
+        prompt_tokens=engine.prompt_tokens(usage, timings),
         ttft=ttft,
         decode_seconds=decode,
         exact=exact,

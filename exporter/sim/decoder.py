@@ -8,11 +8,14 @@ draft, even those max_tokens cuts from the output. A request ends at its natural
 per profile, at least `min_tokens`) unless `ignore_eos` or a repetition loop runs it to
 max_tokens.
 
-Timing: a step's seconds come from `steptime.py` at the batch of running requests on the
-request's engine (72 tok/s plain and 1.78 plain steps per verify step at k = 3 single-stream; the
-payoff shrinks as the batch grows); prefill 50-100 ms. `speed` divides every delay. The engine
-also keeps, per profile, what speculation really paid: every verify step's seconds beside the
-seconds a plain step would have taken at the same batch (`payoff`, the A/B truth at the load).
+Timing: a step's seconds come from `steptime.py` at the state of the request's engine: its
+running requests, the tokens they hold in their KV and the prefill chunks riding in the step
+(72 tok/s plain and 1.78 plain steps per verify step at k = 3 single-stream; the payoff shrinks
+as the batch grows, and moves as contexts grow). A request waits 50-100 ms to be scheduled,
+then its prompt is prefilled in chunks of PREFILL_CHUNK tokens, one a step, in the others'
+decode steps (vLLM's chunked prefill). `speed` divides every delay. The engine also keeps, per
+profile, what speculation really paid: every verify step's seconds beside the seconds a plain
+step would have taken in the same state (`payoff`, the A/B truth at the load).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ TEXT = {  # token pieces the simulated model cycles through, per profile
 }
 LENGTHS = {"ja_chat": (30, 90), "code_agent": (120, 360), "default": (60, 160)}
 UNBOUNDED = 32768  # tokens a request without max_tokens may run to (the served max_model_len)
+PREFILL_CHUNK = 512  # prompt tokens a step takes in for one request (vLLM's chunked prefill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,8 @@ class SimEngine:
         self.steps: dict[str, Counter[int]] = {}  # per profile: decode steps by draft length
         self.payoff: dict[str, Payoff] = {}
         self.running = [0] * engines
+        self.held = [0] * engines  # tokens in the KV of each engine's decoding requests
+        self.prefilling = [0] * engines  # prompt tokens in each engine's next step
         self._rng = random.Random(seed)
         self.seed, self.starts = seed, 0
         self._next_engine = 0
@@ -188,11 +194,15 @@ class SimEngine:
         acceptance = LOOP_ACCEPTANCE if loop else profile.request_acceptance(rng)
         chain = profile.conditional(self.k, acceptance) if self.k else ()
         words = TEXT.get(profile_name, TEXT["default"])
-        emitted, finish = 0, None
+        emitted, finish, held = 0, None, 0
+        e = int(engine)
         self._running(engine, +1)
         try:
             start = time.monotonic()
             await self.sleep(rng.uniform(0.05, 0.10))
+            await self._prefill(e, prompt_tokens)
+            held = prompt_tokens
+            self.held[e] += held
             self.metrics.prompt_tokens.labels(*labels).inc(prompt_tokens)
             self.metrics.ttft.labels(*labels).observe(time.monotonic() - start)
             while finish is None:
@@ -209,6 +219,8 @@ class SimEngine:
                     words[(emitted + i) % len(words)] for i in range(min(count, limit - emitted))
                 ]
                 emitted += len(tokens)
+                held += len(tokens)
+                self.held[e] += len(tokens)
                 stats.completion_tokens = emitted
                 self.metrics.generation_tokens.labels(*labels).inc(len(tokens))
                 if emitted >= limit:
@@ -216,13 +228,29 @@ class SimEngine:
                 yield Output(tokens, finish)
         finally:  # a client that hung up is an abort, as in vLLM
             self.metrics.success.labels(*labels, finish or "abort").inc()
+            self.held[e] -= held
             self._running(engine, -1)
 
+    async def _prefill(self, engine: int, prompt_tokens: int) -> None:
+        """The prompt in chunks, each riding in one step of the engine (its seconds as a plain
+        step's in the engine's state, the chunk in it)."""
+        left = prompt_tokens
+        while left > 0:
+            chunk = min(left, PREFILL_CHUNK)
+            self.prefilling[engine] += chunk
+            state = (self.running[engine], self.held[engine], self.prefilling[engine])
+            try:
+                await self.sleep(self.step_time.plain(*state))
+            finally:
+                self.prefilling[engine] -= chunk
+            left -= chunk
+
     def _timed(self, profile: str, engine: str, tokens: int, drafted: int) -> float:
-        """One step's seconds at the engine's batch now, before `speed`; kept in the truth."""
-        batch = self.running[int(engine)]
-        seconds = self.step_time.verify(batch, drafted)
-        step = Payoff(1, tokens, seconds, self.step_time.plain(batch))
+        """One step's seconds in the engine's state now, before `speed`; kept in the truth."""
+        e = int(engine)
+        state = (self.held[e], self.prefilling[e])
+        seconds = self.step_time.verify(self.running[e], drafted, *state)
+        step = Payoff(1, tokens, seconds, self.step_time.plain(self.running[e], *state))
         self.payoff[profile] = self.payoff.get(profile, Payoff()) + step
         return seconds
 

@@ -1,13 +1,21 @@
-"""How long one decode step takes at a given batch: a memory-bound floor plus batched compute.
+"""How long one decode step takes: a memory-bound floor, batched compute, the KV read, prefills.
 
 A decode step reads every weight once whatever the batch (the floor `weights`), and computes
 over every token it processes (`per_token` each): b tokens for a plain step of b running
-requests, b x (k + 1) for a verify step of k drafts each. The drafter costs a fixed part per
-draft position (`draft_floor`, its own weights) and a part per drafted token (`draft_per_token`).
-So, in units of the single-stream plain step (1/72 s, the dense-27B figure):
+requests, b x (k + 1) for a verify step of k drafts each, plus the prompt tokens of the prefill
+chunks riding in it (vLLM's chunked prefill: a new request's prompt is computed in the decode
+steps of the others). The drafter costs a fixed part per draft position (`draft_floor`, its own
+weights) and a part per drafted token (`draft_per_token`). Attention reads every running
+request's KV once a step (`kv_per_token` per token held, the k + 1 queries of a verify step
+sharing the read), so a step costs more as contexts grow, the same for a plain and a verify
+step. In units of the single-stream plain step (1/72 s, the dense-27B figure), with C the
+tokens held in the batch's KV and P the prefill tokens in the step:
 
-    plain(b)     = weights + per_token * b
-    verify(b, k) = weights + k * (draft_floor + draft_per_token * b) + per_token * b * (k + 1)
+    plain(b)     = weights + per_token * (b + P) + kv_per_token * C
+    verify(b, k) = plain(b) + k * (draft_floor + draft_per_token * b) + per_token * b * k
+
+`kv_per_token` 1.5e-5: a 32B model's bf16 KV (~256 KB a token) against its ~16 GB of NVFP4
+weights, the ratio the two reads have on any card.
 
 Calibrated to the published single-stream figures: plain(1) = 1 (72 tok/s) and verify(1, 3) =
 1.78 plain steps (x1.12 at 36 % and x1.85 at 71 % acceptance with k = 3). As b grows the step
@@ -34,18 +42,20 @@ class StepTime:
     per_token: float = 0.02
     draft_floor: float = 0.23
     draft_per_token: float = 0.01
+    kv_per_token: float = 1.5e-5
 
-    def plain(self, batch: int) -> float:
-        """Seconds of one plain decode step with `batch` running requests."""
-        b = max(batch, 1)
-        return SINGLE_STREAM_STEP_SECONDS * (self.weights + self.per_token * b)
+    def plain(self, batch: int, held: float = 0.0, prefill: float = 0.0) -> float:
+        """Seconds of one plain decode step with `batch` running requests, `held` tokens in
+        their KV and `prefill` prompt tokens of prefill chunks in the step."""
+        return self.verify(batch, 0, held, prefill)
 
-    def verify(self, batch: int, drafts: int) -> float:
+    def verify(self, batch: int, drafts: int, held: float = 0.0, prefill: float = 0.0) -> float:
         """Seconds of one verify step of `drafts` draft tokens per request (0: a plain step)."""
         b = max(batch, 1)
         draft = drafts * (self.draft_floor + self.draft_per_token * b)
+        tokens = b * (drafts + 1) + prefill
         return SINGLE_STREAM_STEP_SECONDS * (
-            self.weights + draft + self.per_token * b * (drafts + 1)
+            self.weights + draft + self.per_token * tokens + self.kv_per_token * held
         )
 
 

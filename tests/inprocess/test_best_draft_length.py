@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from exporter.core.payoff import best_draft_length, speedups_by_draft_length
+from exporter.core.payoff import best_draft_length, linear_costs, speedups_by_draft_length
 from exporter.sim.decoder import RequestStats, Sampling, SimEngine
 from exporter.sim.steptime import MODEL
 
@@ -53,7 +53,8 @@ def test_the_predicted_best_draft_length_is_the_true_best(profile: str, batch: i
     payoff = configured.payoff[profile]
     plain, step = payoff.plain_seconds / payoff.steps, payoff.seconds / payoff.steps
     assert counts.drafts
-    predicted = speedups_by_draft_length(counts.per_position, counts.drafts, plain, step, 0.0)
+    costs = linear_costs(plain, step, K, K)
+    predicted = speedups_by_draft_length(counts.per_position, counts.drafts, costs, 0.0)
     by_length = {o.draft_length: o.speedup for o in predicted}
     for k, want in truth.items():  # each k's payoff, not only the winner
         assert by_length[k] == pytest.approx(want, rel=0.04), (profile, batch, k, by_length, truth)
@@ -64,4 +65,5 @@ def test_the_predicted_best_draft_length_is_the_true_best(profile: str, batch: i
         assert chosen is not None and chosen.draft_length == best, (by_length, truth)
     if batch == 32 and profile == "ja_chat":  # low acceptance at a large batch: speculation off
         assert best == 0 and chosen is not None and chosen.draft_length == 0, truth
-    assert MODEL.plain(batch) == pytest.approx(plain, rel=0.05)  # the batch was held
+    # the batch was held: its plain step, and what the KV and new requests' prefills add to it
+    assert MODEL.plain(batch) <= plain < 1.3 * MODEL.plain(batch)

@@ -12,7 +12,8 @@ weight (optional, default 1: its requests against the others' in the mix `measur
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,14 @@ import yaml
 BUILTIN = ("ja_chat", "code_agent")
 FIELDS = ("name", "max_tokens", "system", "prompts", "extra_body", "weight")
 OWN = ("model", "messages", "max_tokens", "stream", "stream_options")  # what measure sends
+
+
+_FILLER = tuple(
+    "river stone garden window paper orange music yellow summer winter forest letter bridge "
+    "market silver candle travel mirror pocket ladder island carpet engine harbor circle "
+    "button jacket planet pencil rabbit saddle tunnel violin wallet zipper anchor basket "
+    "cotton dragon feather glacier hammer insect jungle kettle lemon marble needle".split()
+)
 
 
 class ScenarioError(Exception):
@@ -36,6 +45,14 @@ class Scenario:
     prompts: tuple[str, ...]
     extra_body: tuple[tuple[str, Any], ...] = ()  # request fields sent with each request
     weight: float = 1.0  # its requests against the others' in a mixed replay
+
+    def lengthened(self, tokens: int) -> Scenario:
+        """The same requests with about `tokens` more tokens of context: a note of words in
+        no repeating order (an n-gram drafter finds nothing in it to copy) before the system
+        prompt. How many tokens it makes is the engine's to say (its usage), not assumed."""
+        words = random.Random(f"{self.name}/{tokens}").choices(_FILLER, k=tokens)
+        note = "Background notes, not part of the task: " + " ".join(words) + "."
+        return replace(self, system=note if not self.system else f"{note}\n\n{self.system}")
 
     def messages(self, index: int) -> list[dict[str, str]]:
         """The chat messages of prompt `index` (wrapping around)."""
