@@ -71,16 +71,22 @@ TICK = 1.1  # the accounting's tick (1 s) and a margin: a window's figures hold 
 
 
 class Run:
-    """The run's results, written to OUT/results.json after every change."""
+    """The run's results, written to OUT/results.json after every change. An OUT that holds an
+    earlier invocation's results keeps them, but those of the steps run again: the A/B and the
+    sweep can run in two invocations (each under a machine's time limit per command) and
+    report as one."""
 
-    def __init__(self, out: Path, args: argparse.Namespace) -> None:
+    def __init__(self, out: Path, args: argparse.Namespace, steps: set[str]) -> None:
         self.out = out
-        self.data: dict[str, Any] = {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "levels": [],
-            "alone": [],
-            "sweep": [],
-        }
+        self.data: dict[str, Any] = {"levels": [], "alone": [], "sweep": []}
+        earlier = out / "results.json"
+        if earlier.is_file():
+            self.data = json.loads(earlier.read_text(encoding="utf-8"))
+            if "ab" in steps:
+                self.data.update(levels=[], alone=[], measure={})
+            if "sweep" in steps:
+                self.data["sweep"] = []
+        self.data["args"] = {k: str(v) for k, v in vars(args).items()}
 
     def save(self) -> None:
         path = self.out / "results.json"
@@ -221,7 +227,7 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
     t0 = time.monotonic()
     warm([spec, plain], args)
     printed = product.measure(spec.base_url, plain.base_url, args.levels, pack,
-                              run.out / "measure.log")  # fmt: skip
+                              run.out / "measure.log", args.context_tokens)  # fmt: skip
     block = product.models_block(printed)
     run.data["measure"] = {"printed": printed, "seconds": time.monotonic() - t0,
                            "curve": product.curve(block)}  # fmt: skip
@@ -302,6 +308,9 @@ def main() -> int:
     ap.add_argument("--max-rounds", type=int, default=4)
     ap.add_argument("--warm", type=float, default=10.0,
                     help="seconds of top-level traffic on each server before measure")  # fmt: skip
+    ap.add_argument("--context-tokens", type=int, default=48,
+                    help="measure's --context-tokens: the filler's words (the bench's toy "
+                         "vocabulary makes ~7 tokens of each)")  # fmt: skip
     add_spread_flag(ap)
     ap.add_argument("--k", type=int, default=3, help="the deployed draft length")
     ap.add_argument("--sweep-levels", default="1,16")
@@ -331,7 +340,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    run = Run(args.out, args)
+    run = Run(args.out, args, steps)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # the servers are stopped on the way out
         signal.signal(sig, lambda *_: signal.raise_signal(signal.SIGINT))
     try:

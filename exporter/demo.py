@@ -174,8 +174,7 @@ def route_line(acc: Accounting, route: str, now: float, running: float | None = 
     curve = None if config is None else config.curve
     batch = {} if running is None else {MODEL: running}
     load = acc.load(window, now, batch, partial=True).get(MODEL, Load(running))
-    k = None if config is None else config.scheduled_draft_length(running or 1.0)
-    payoff = Speedups.at_load(curve, load, r.mean_acceptance_length, every, exact, k)
+    payoff = Speedups.at_load(curve, load, r.mean_acceptance_length, every, exact)
     note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"
     return (
         f"{route:<13} acceptance {figure} over {span} (proxy)  tokens/step "

@@ -6,6 +6,9 @@ bench/payoff_real_vllm.py."""
 from __future__ import annotations
 
 import asyncio
+import math
+import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,12 +19,32 @@ import aiohttp
 from exporter.measure.scenarios import builtin
 from exporter.measure.stream_client import stream_chat
 
-ROUTES = {  # route -> (scenario, max_tokens, header value)
+ROUTES = {  # route -> (scenario, mean max_tokens, header value)
     "voice_chat": ("ja_chat", 80, "voice"),
     "coding_agent": ("code_agent", 200, "agent"),
 }
+# sigma of ln(max_tokens): each request's cap heavy-tailed around its route's (mean = the
+# route's), cut at twice it. One cap per route kept a closed loop's clients in step: a route's
+# requests ended together and their prefills landed together in the other route's steps (on
+# the simulator with long prompts, the routes' A/B figures then split 10 % around their tokens
+# per step; on the GPU, docs/BENCHMARKS.md §11)
+SPREAD = 0.6
 PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}
 T = TypeVar("T")
+
+
+def cap(route: str, key: str) -> int:
+    """A request's max_tokens: its route's spread, drawn from `key` (the same on every run)."""
+    mean = ROUTES[route][1]
+    x = random.Random(f"{route}/{key}").lognormvariate(-(SPREAD**2) / 2, SPREAD)
+    return max(2, min(round(mean * x), 2 * mean))
+
+
+def caps(route: str, n: int) -> list[int]:
+    """n caps at the spread's quantiles (j + 1/2) / n: the route as `measure`'s fixed caps."""
+    mean, unit = ROUTES[route][1], statistics.NormalDist()
+    z = [unit.inv_cdf((j + 0.5) / n) for j in range(n)]
+    return [max(2, min(round(mean * math.exp(-(SPREAD**2) / 2 + SPREAD * x)), 2 * mean)) for x in z]
 
 
 @dataclass
@@ -42,10 +65,11 @@ class Decoded:
 
 
 async def traffic(
-    base: str, model: str, concurrency: int, seconds: float, proxied: bool
+    base: str, model: str, concurrency: int, seconds: float, proxied: bool, longer: int = 0
 ) -> dict[str, Decoded]:
     """Closed-loop clients, half per route (one alternating at concurrency 1), for `seconds`;
-    per route the decode tokens after the first and their seconds as the clients saw them."""
+    per route the decode tokens after the first and their seconds as the clients saw them.
+    `longer`: every request with about that many words of context more."""
     found = {route: Decoded() for route in ROUTES}
     deadline = time.monotonic() + seconds
     names = list(ROUTES)
@@ -54,11 +78,12 @@ async def traffic(
         i = 0
         while time.monotonic() < deadline:
             route = names[(worker + i) % 2] if concurrency == 1 else names[worker % 2]
-            scenario, max_tokens, header = ROUTES[route]
+            scenario, _, header = ROUTES[route]
+            pack = builtin(scenario)
             body = {
                 "model": model,
-                "messages": builtin(scenario).messages(i),
-                "max_tokens": max_tokens,
+                "messages": (pack.lengthened(longer) if longer else pack).messages(i),
+                "max_tokens": cap(route, f"{worker}/{i}"),
             }
             headers = {"X-Route": header} if proxied else None
             r = await stream_chat(session, f"{base}/v1/chat/completions", body, headers)
@@ -79,6 +104,7 @@ def alternate(
     phase: float,
     read: Callable[[], T],
     rounds: list[tuple[dict[str, Decoded], dict[str, Decoded]]] | None = None,
+    longer: int = 0,
 ) -> tuple[dict[str, Decoded], dict[str, Decoded], T]:
     """spec, plain, spec, plain (a 2-core machine's load drifts): the clients' decode per
     route on each side, and what `read()` returned right after the last speculative phase.
@@ -91,7 +117,7 @@ def alternate(
         for into, url, proxied in ((on, spec, True), (off, plain, False)):
             if round_ == 1 and not proxied:
                 seen = read()
-            found = asyncio.run(traffic(url, model, concurrency, phase, proxied))
+            found = asyncio.run(traffic(url, model, concurrency, phase, proxied, longer))
             this.append(found)
             for route, d in found.items():
                 into[route] += d

@@ -167,16 +167,17 @@ def specdec(*args: str) -> list[str]:
     return [sys.executable, "-m", "exporter", *args]
 
 
-def scenario_pack(directory: Path, prompts: int) -> Path:
+def scenario_pack(directory: Path, prompts: int, longer: int = 0) -> Path:
     """The first `prompts` prompts of each built-in pack with a 120-token cap, as a
-    --scenario-file: the same workloads, a shorter run."""
+    --scenario-file: the same workloads, a shorter run; `longer`: with about that many words
+    of context more (`Scenario.lengthened`)."""
     import json
 
     from exporter.measure.scenarios import builtin
 
     lines = []
     for name in ("ja_chat", "code_agent"):
-        s = builtin(name)
+        s = builtin(name).lengthened(longer) if longer else builtin(name)
         pack = {
             "name": name,
             "max_tokens": 120,

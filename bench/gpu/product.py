@@ -61,10 +61,13 @@ def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8, caps: i
     return path
 
 
-def measure(spec: str, plain: str, levels: Sequence[int], pack: Path, log: Path) -> str:
+def measure(
+    spec: str, plain: str, levels: Sequence[int], pack: Path, log: Path, context_tokens: int
+) -> str:
     """`specdec measure --concurrency` as printed (a table, then the `models:` block)."""
     cmd = specdec("measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file",
-                  str(pack), "--concurrency", ",".join(map(str, levels)))  # fmt: skip
+                  str(pack), "--concurrency", ",".join(map(str, levels)),
+                  "--context-tokens", str(context_tokens))  # fmt: skip
     with log.open("ab") as err:
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=1200)
     if out.returncode:

@@ -29,7 +29,7 @@ class Launch:
     share one KV buffer (llama-server's default with explicit slots is a stream per slot)."""
 
     parallel: int = 32
-    ctx: int = 32768
+    ctx: int = 65536  # 2048 a slot: the longest request and measure's lengthened ones
     gpu: bool = True
     kv_unified: bool = False
     flash_attn: str = "on"
@@ -38,7 +38,7 @@ class Launch:
     def add_flags(ap: argparse.ArgumentParser) -> None:
         """The launch's flags, one set for every script that starts the bench's servers."""
         ap.add_argument("--parallel", type=int, default=32, help="server slots (>= the top level)")
-        ap.add_argument("--ctx", type=int, default=32768)
+        ap.add_argument("--ctx", type=int, default=Launch.ctx, help="server context, all slots")
         ap.add_argument("--kv-unified", action="store_true", help="one KV buffer for all slots")
         ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="on")
 

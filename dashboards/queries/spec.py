@@ -93,30 +93,52 @@ def _single_stream(s: Scope, window: str, sel: str) -> str:
 
 def estimated_speedup(s: Scope, window: str, sel: str = "") -> str:
     """The payoff at the load it runs, as the sidecar states it: per route, the exact streamed
-    requests' tokens per second x a plain step's seconds at the batch (tokens per step x plain
-    / seconds per step); else tokens per verify step x plain / verify step at the batch (the
-    model's step-time line); else, without a line or a batch, at batch 1 (tokens per step /
-    step cost ratio)."""
-    plain = step_seconds("plain", window)
-    cost = f"({plain}\n/ on (model_name)\n{step_seconds('verify', window)})"
-    on_line = f"(\n{tokens_per_step(s, window, sel)}\n)\n* on (model_name) group_left ()\n{cost}"
+    requests' tokens per decode step / the cost ratio at the batch (the model's step-time
+    curve, verify / plain, as the sidecar reads it at every batch the engine ran at: the
+    plain step now is the observed one over it, docs/metrics.md); else tokens per verify step
+    / the same ratio; else, without a curve or a batch, at batch 1 (tokens per step / step
+    cost ratio). The sidecar's gauge reads the curve at the live context too; this, at
+    measure's."""
+    on_line = (
+        f"(\n{tokens_per_step(s, window, sel)}\n)\n* on (model_name) group_left ()\n{_cost(window)}"
+    )
     fallback = f"(\n{on_line}\n)\nor\n(\n{_single_stream(s, window, sel)}\n)"
     if s is not ROUTES:
         return fallback
-    exact = 'source="exact"' + (f", {sel}" if sel else "")
+    exact = _exact(sel)
     observed = (
-        f"(\n{decode_tokens_per_second(window, exact)}\n)\n* on (model_name) group_left ()\n{plain}"
+        f"(\n{_per_decode_step('decode_tokens', window, exact)}\n)\n"
+        f"* on (model_name) group_left ()\n{_cost(window)}"
     )
     return f"(\n{observed}\n)\nor\n{fallback}"
 
 
 def measured_speedup(window: str, sel: str = "") -> str:
-    """Per route: the decode rate of its streamed requests x a plain step's seconds at the batch
-    (what a plain engine would decode at the same load)."""
-    plain = step_seconds("plain", window)
-    return (
-        f"(\n{decode_tokens_per_second(window, sel)}\n)\n* on (model_name) group_left ()\n{plain}"
+    """Per route: the decode rate of its streamed requests x the plain step now: its exact
+    requests' seconds per decode step / the cost ratio at the batch; without such requests,
+    the curve's plain step at the batch (what a plain engine would decode at the same load)."""
+    rate = decode_tokens_per_second(window, sel)
+    now = f"(\n{_per_decode_step('decode_seconds', window, _exact(sel))}\n)\n* on (model_name) group_left ()\n{_cost(window)}"
+    at_curve = f"(\n{rate}\n)\n* on (model_name) group_left ()\n{step_seconds('plain', window)}"
+    return f"(\n(\n{rate}\n)\n*\n(\n{now}\n)\n)\nor\n(\n{at_curve}\n)"
+
+
+def _exact(sel: str) -> str:
+    return 'source="exact"' + (f", {sel}" if sel else "")
+
+
+def _per_decode_step(counter: str, window: str, sel: str) -> str:
+    """A route's decode tokens (or seconds) per decode step, over its counted requests."""
+    return ratio(
+        sum_rate(f"specdec_route_{counter}_total", window, ROUTE, sel),
+        sum_rate("specdec_route_decode_steps_total", window, ROUTE, sel),
     )
+
+
+def _cost(window: str) -> str:
+    """plain / verify step at the batches the engine ran at: 1 / the cost ratio (the verify
+    step the engine ran there: under a schedule's k = 0, a plain step, so 1)."""
+    return f"({step_seconds('plain', window)}\n/ on (model_name)\n{step_seconds('verify', window)})"
 
 
 def rejected_per_second(s: Scope, window: str, sel: str = "") -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,7 +23,7 @@ from exporter.config.nodes import (
     whole,
 )
 from exporter.core.payoff import StepCurve, StepPoint, single_point_curve
-from exporter.core.schedule import BadSchedule, Schedule
+from exporter.core.schedule import BadSchedule, Schedule, draft_length_at
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.engines import DEFAULT_KIND as DEFAULT_KIND  # a target naming no engine: re-exported
 from exporter.engines import KINDS
@@ -271,9 +271,7 @@ class ModelConfig:
     def scheduled_draft_length(self, batch: float) -> int:
         """The draft length the engine runs at `batch`: the schedule's (at most the model's k),
         else the model's k."""
-        k = self.num_speculative_tokens
-        schedule = self.draft_length_schedule
-        return k if schedule is None else min(schedule.draft_length(batch), k)
+        return draft_length_at(self.draft_length_schedule, self.num_speculative_tokens, batch)
 
     @property
     def curve(self) -> StepCurve | None:
@@ -295,10 +293,12 @@ class ModelConfig:
                     for p in self.step_time
                 ),
                 self.num_speculative_tokens,
+                self.draft_length_schedule,
             )
         if self.plain_decode_tokens_per_second:
             rate, k = self.plain_decode_tokens_per_second, self.num_speculative_tokens
-            return single_point_curve(self.step_cost_ratio, rate, k)
+            curve = single_point_curve(self.step_cost_ratio, rate, k)
+            return replace(curve, schedule=self.draft_length_schedule)
         return None
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from exporter.core.counts import Counts, ratios
+from exporter.core.schedule import Schedule, draft_length_at
 from exporter.core.stats import Interval
 
 # the shortest a step read at another context may be, as a share of the step measured: a
@@ -172,14 +173,17 @@ class StepCurve:
 
     points: tuple[StepPoint, ...]
     k: int
+    schedule: Schedule | None = None  # the k the engine runs by batch, where it runs one
+
+    def draft_length(self, running: float) -> int:
+        """The k the engine runs at a batch of `running`: the schedule's (at most k), else k."""
+        return draft_length_at(self.schedule, self.k, running)
 
     def seconds(self, drafts: float, running: float, context: float | None = None) -> float | None:
-        known = [
-            (p.running, s)
-            for p in self.points
-            if (s := p.seconds(drafts, self.k, context)) is not None
-        ]
-        return _interpolate(known, running) if known else None
+        """A step of `drafts` draft tokens per request at the batch and context: the plain step
+        there x the cost ratio there (None: no point has a speculative step)."""
+        cost = self.cost(drafts, running, context)
+        return None if cost is None else cost * self.plain(running, context)
 
     def plain(self, running: float, context: float | None = None) -> float:
         return _interpolate(
@@ -187,17 +191,24 @@ class StepCurve:
         )
 
     def verify(self, running: float, context: float | None = None) -> float | None:
-        """The verify step at k (measure's own steps: under a schedule the band's k)."""
-        return self.seconds(self.k, running, context)
+        """The step the engine runs at the batch: at k, or the schedule's k there (a plain
+        step where it gives 0)."""
+        return self.seconds(self.draft_length(running), running, context)
 
     def cost(self, drafts: float, running: float, context: float | None = None) -> float | None:
         """A step of `drafts` draft tokens per request / a plain step, at the batch and context:
-        the ratio the counterfactual plain step is read through (1.0 at no drafts)."""
+        the ratio the counterfactual plain step is read through (1.0 at no drafts). Each point
+        with a speculative step gives its own ratio, linear between them in the batch and flat
+        beyond (a point without one, as a schedule's k = 0 band, takes its neighbours': a ratio
+        read at one batch is not divided by a plain step read at another)."""
         if drafts <= 0:
             return 1.0
-        step = self.seconds(drafts, running, context)
-        plain = self.plain(running, context)
-        return step / plain if step is not None and plain > 0 else None
+        known = []
+        for p in self.points:
+            step, plain = p.seconds(drafts, self.k, context), p.seconds(0.0, self.k, context)
+            if step is not None and plain:
+                known.append((p.running, step / plain))
+        return _interpolate(known, running) if known else None
 
     @property
     def load_aware(self) -> bool:
@@ -268,20 +279,19 @@ class Speedups:
         tokens_per_step: float | None,
         decoded: Decode,
         exact: Decode,
-        k: int | None = None,
     ) -> Speedups:
         """`decoded`: the route's streamed requests; `exact`: those whose steps the engine
-        counted; `load`: the engine's over the same window; `k`: the draft length the engine
-        runs at that batch (a schedule's band; default the curve's), read where no request's
-        steps were counted. Observed, the estimate is their tokens per decode step / the cost
-        ratio at the drafts per step every route's counted steps had (steps without drafts
-        included, so an n-gram drafter's misses and a schedule's plain steps are not lost);
-        without such requests, `tokens_per_step` (per verify step) / the cost at k. No drafts
+        counted; `load`: the engine's over the same window. Observed, the estimate is their
+        tokens per decode step / the cost ratio at the drafts per step every route's counted
+        steps had (steps without drafts included, so an n-gram drafter's misses and a
+        schedule's plain steps are not lost);
+        without such requests, `tokens_per_step` (per verify step) / the cost at the k the
+        engine runs at the batch (`StepCurve.draft_length`: a schedule's band). No drafts
         in the window: x1.0, speculation was off. No batch and a load-aware curve: nothing."""
         if curve is None or (curve.load_aware and load.running is None):
             return cls(None, None)
         batch = 1.0 if load.running is None else load.running
-        k = curve.k if k is None else k
+        k = curve.draft_length(batch)
         drafts = load.drafts_per_step
         observed = exact.seconds_per_step is not None and drafts is not None
         if not observed:
@@ -367,14 +377,17 @@ MODELLED_BEYOND = 2
 
 
 def observed_draft_length(c: Counts, payoff: Speedups, scheduled: int | None) -> int | None:
-    """The draft length the route's verify steps ran: 0 where its window's steps drafted
-    nothing, else its draft tokens per verify step rounded, else `scheduled` (the k the engine
-    runs at the batch)."""
-    if payoff.drafts_per_step == 0:
+    """The draft length the window's steps ran: its route's draft tokens per verify step
+    rounded, else `scheduled` (the k the engine runs at the batch); 0 where most of the
+    engine's decode steps drafted nothing (a schedule's k = 0 band, its edge crossed only as
+    the batch filled): plain steps carry no acceptance to build options on."""
+    if not c.drafts or c.draft_tokens is None:
+        return scheduled
+    per_verify_step = c.draft_tokens / c.drafts
+    drafted = payoff.drafts_per_step
+    if drafted is not None and drafted < 0.5 * per_verify_step:
         return 0
-    if c.drafts and c.draft_tokens is not None:
-        return round(c.draft_tokens / c.drafts)
-    return scheduled
+    return round(per_verify_step)
 
 
 def options_by_draft_length(

@@ -62,3 +62,9 @@ class Schedule:
 
     def as_config(self) -> list[list[int]]:
         return [list(r) for r in self.ranges]
+
+
+def draft_length_at(schedule: Schedule | None, k: int, batch: float) -> int:
+    """The draft length an engine of k runs at `batch`: its schedule's there (at most k), else
+    k. One reading for the config, the curve and the collectors."""
+    return k if schedule is None else min(schedule.draft_length(batch), k)

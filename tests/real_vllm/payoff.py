@@ -126,8 +126,10 @@ def measure_curve(spec: str, plain: str, levels: list[int], workdir: Path) -> li
     )  # fmt: skip
     levels_arg = ",".join(str(c) for c in levels)
     out = subprocess.run(
+        # one context: the lengthened phases would double a CPU server's hour (the context
+        # slopes are tested on the simulator and the real llama.cpp)
         specdec("measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file",
-                str(pack), "--concurrency", levels_arg, "--json"),
+                str(pack), "--concurrency", levels_arg, "--context-tokens", "0", "--json"),
         capture_output=True, text=True, check=False, timeout=1800,
     )  # fmt: skip
     if out.returncode:

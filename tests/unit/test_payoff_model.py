@@ -13,7 +13,7 @@ gave is checked in bench/, never pinned here):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -27,6 +27,7 @@ from exporter.core.payoff import (
     options_by_draft_length,
     speedups_by_draft_length,
 )
+from exporter.core.schedule import Schedule
 
 K = 3
 
@@ -147,8 +148,10 @@ def test_no_drafts_in_the_window_reads_one_and_offers_nothing() -> None:
     counts = Counts(0.0, 0.0, 0.0)
     assert options_by_draft_length(counts, payoff, None, True, 0) == []
     # no counted requests either: the schedule's k at the batch says it
-    blind = Speedups.at_load(curve, Load(32.0), None, Decode(100, 1.0), Decode(), k=0)
+    scheduled = replace(curve, schedule=Schedule.parse([[1, 15, 3], [16, 256, 0]]))
+    blind = Speedups.at_load(scheduled, Load(32.0), None, Decode(100, 1.0), Decode())
     assert (blind.estimated, blind.measured) == (1.0, 1.0)
+    assert scheduled.verify(32.0) == scheduled.plain(32.0)  # what PromQL reads there too
 
 
 def test_straddled_bands_read_by_the_drafts_per_step() -> None:
