@@ -284,10 +284,10 @@ class Speedups:
         counted; `load`: the engine's over the same window. Observed, the estimate is their
         tokens per decode step / the cost ratio at the drafts per step every route's counted
         steps had (steps without drafts included, so an n-gram drafter's misses and a
-        schedule's plain steps are not lost);
-        without such requests, `tokens_per_step` (per verify step) / the cost at the k the
-        engine runs at the batch (`StepCurve.draft_length`: a schedule's band). No drafts
-        in the window: x1.0, speculation was off. No batch and a load-aware curve: nothing."""
+        schedule's plain steps are not lost); without such requests, `tokens_per_step` (per
+        verify step) / the cost at the k the engine runs at the batch (`StepCurve.draft_length`:
+        a schedule's band). No drafts in the window: x1.0 for a route that ran, speculation was
+        off. No batch and a load-aware curve: nothing."""
         if curve is None or (curve.load_aware and load.running is None):
             return cls(None, None)
         batch = 1.0 if load.running is None else load.running
@@ -300,7 +300,8 @@ class Speedups:
         cost = curve.cost(drafts, batch, load.context)
         if drafts <= 0:  # the engine ran plain steps: nothing gained, nothing lost
             plain = exact.seconds_per_step or curve.plain(batch, load.context)
-            return cls(1.0, 1.0 if decoded.rate else None, plain, {}, 0.0)
+            ran = observed or tokens_per_step is not None or decoded.rate is not None
+            return cls(1.0 if ran else None, 1.0 if decoded.rate else None, plain, {}, 0.0)
         if cost is None:
             return cls(None, None)
         estimated = None

@@ -149,3 +149,56 @@ def test_the_batch_is_sampled_until_the_drain(monkeypatch: pytest.MonkeyPatch) -
     assert [v for _, v in into[:3]] == [1.0, 2.0, 3.0]
     assert [t for t, _ in into] == sorted(t for t, _ in into)  # when each was read
     assert len(into) <= 4  # at most the read in flight when the drain came
+
+
+def _requests(spans: list[tuple[float, float, int, int]], drafted: int = 0) -> list[Request]:
+    """Requests (first token's time, last's, tokens after the first, prompt tokens), each of
+    its tokens in one step that drafted `drafted` tokens and accepted none."""
+    return [
+        Request(_result(n + 1, end - start, start), Counts(n, drafted * n, 0), prompt)
+        for start, end, n, prompt in spans
+    ]
+
+
+def test_a_phase_states_the_context_its_requests_held_and_the_drafts_per_step() -> None:
+    """A request's context while it decodes is its prompt + half its decode; the phase's is
+    time-weighted by the part of each request inside the window."""
+    requests = _requests([(0.0, 10.0, 100, 300), (0.0, 10.0, 100, 700)], drafted=2)
+    steady = Phase([ScenarioResult("s", requests)], workers=1, dry_at=None).steady()
+    assert steady.context == pytest.approx(((300 + 51) + (700 + 51)) / 2)
+    assert steady.draft_tokens is not None and steady.steps
+    assert steady.draft_tokens / steady.steps == pytest.approx(2.0)
+
+
+def test_a_phase_gives_its_steps_error_from_the_spread_of_its_window() -> None:
+    """Seconds per step in four spans of the window: steady steps give no error, steps that
+    slow down halfway give the spread's standard error."""
+    # the window: from the first end (5 s) to the drain (40 s), 0.1 s a step throughout
+    even = _requests([(0.0, 5.0, 50, 100)] + [(i, i + 40.0, 400, 100) for i in (0.0, 1.0)])
+    phase = Phase([ScenarioResult("s", even)], workers=1, dry_at=40.0)
+    assert phase.relative_error(plain=False) == pytest.approx(0.0, abs=1e-9)
+    uneven = _requests([(0.0, 1.0, 10, 100), (1.0, 11.0, 100, 100), (11.0, 31.0, 100, 100)])
+    phase = Phase([ScenarioResult("s", uneven)], workers=1, dry_at=31.0)
+    error = phase.relative_error(plain=True)
+    assert error is not None and error > 0.1  # 0.1 s a token in one half, 0.2 in the other
+    assert Phase([ScenarioResult("s", uneven)], workers=9, dry_at=31.0).relative_error(True) is None
+
+
+def test_a_level_says_what_a_step_gains_per_token_of_context() -> None:
+    """The same requests lengthened by 400 tokens of prompt: a plain step 2 ms slower, a verify
+    step 4 ms: seconds per token of context."""
+    from exporter.measure.curve import Level
+
+    def phase(prompt: int, seconds_per_token: float) -> Phase:
+        spans = [(0.0, 100 * seconds_per_token, 100, prompt)]
+        return Phase([ScenarioResult("s", _requests(spans, drafted=3))], workers=1, dry_at=None)
+
+    level = Level(8, phase(100, 0.030), phase(100, 0.010))
+    level.longer = (phase(500, 0.034), phase(500, 0.012))
+    row = level.row()
+    assert row["context"] == pytest.approx(151)
+    assert row["plain_per_context_token"] == pytest.approx(0.002 / 400)
+    assert row["verify_per_context_token"] == pytest.approx(0.004 / 400)
+    assert row["verify_drafts"] == pytest.approx(3.0)
+    level.longer = (phase(500, 0.029), phase(500, 0.009))  # faster: noise, never below 0
+    assert level.row()["plain_per_context_token"] == 0.0
