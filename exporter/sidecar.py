@@ -61,7 +61,9 @@ class Sidecar:
         self.proxy: Proxy | None = None
         if config.proxy is not None:
             models = {m.name: m for m in config.models}
-            accounting = Accounting(config.proxy.route_names, config.windows, models)
+            accounting = Accounting(
+                config.proxy.route_names, config.windows, models, breakdown=config.breakdown
+            )
             settings = proxy_settings(config.proxy, _proxied_engine(config))
             self.proxy = Proxy(settings, accounting, self.faults)
         self.wiring = self._wire(config, {})
@@ -188,7 +190,9 @@ class Sidecar:
         if self.proxy is not None and new.proxy is not None and settings is not None:
             # the accounting is history (carried); the rest is one pointer, which requests in
             # flight hold their own of
-            self.proxy.accounting.reconfigure(new.proxy.route_names, new.windows, wiring.models)
+            self.proxy.accounting.reconfigure(
+                new.proxy.route_names, new.windows, wiring.models, new.breakdown
+            )
             self.proxy.swap(settings)
 
     def _scrape(self, state: TargetState) -> None:

@@ -24,7 +24,7 @@ from exporter.config.nodes import (
 )
 from exporter.core.payoff import StepCurve, StepPoint, single_point_curve
 from exporter.core.schedule import BadSchedule, Schedule, draft_length_at
-from exporter.core.windows import DEFAULT_WINDOWS, Window
+from exporter.core.windows import DEFAULT_WINDOWS, Window, parse_window
 from exporter.engines import DEFAULT_KIND as DEFAULT_KIND  # a target naming no engine: re-exported
 from exporter.engines import KINDS
 
@@ -330,6 +330,32 @@ def child(node: yaml.Node, name: str) -> yaml.Node:
     return node
 
 
+def _window(r: Reader, node: yaml.Node, key: str) -> Window:
+    return r.window(r.scalar(node, key, str, "a duration such as 10m"), node, key)
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """A route's acceptance change split into traffic mix and within-band parts: over `window`
+    against `baseline` ending now (`specdec_route_acceptance_change_ratio`; defaults as the
+    drop alert's longer window and its baseline)."""
+
+    window: Window = setting(_window, parse_window("10m"))
+    baseline: Window = setting(_window, parse_window("1d"))
+
+
+def _breakdown(r: Reader, node: yaml.Node, key: str) -> Breakdown:
+    found = read(r, Breakdown, node, key)
+    if found is not INVALID and found.baseline.seconds <= found.window.seconds:
+        raise r.fail(
+            child(node, "baseline"),
+            f"{key}.baseline",
+            f"must be longer than the window ({found.window.label}): the change is the window "
+            "against what the baseline holds",
+        )
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     listen: tuple[str, int] = setting(Reader.listen, DEFAULT_LISTEN)
@@ -337,6 +363,7 @@ class Config:
     windows: tuple[Window, ...] = setting(Reader.windows, DEFAULT_WINDOWS)
     proxy: ProxyConfig | None = setting(_proxy, None)
     models: tuple[ModelConfig, ...] = setting(objects(ModelConfig), ())
+    breakdown: Breakdown = setting(_breakdown, Breakdown())
 
 
 # --- reading a mapping into a dataclass ----------------------------------------------------

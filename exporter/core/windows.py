@@ -53,20 +53,27 @@ class History(Generic[K, V]):
     proxy's own route sums), so all of it falls in the window. Otherwise (an engine's lifetime
     counters, first seen mid-life) it counts from its first snapshot."""
 
-    def __init__(self, windows: Sequence[Window], born_at_zero: bool = False) -> None:
+    def __init__(
+        self, windows: Sequence[Window], born_at_zero: bool = False, resolution: float = 0.0
+    ) -> None:
         self.windows = tuple(windows)
         self.born_at_zero = born_at_zero
+        # seconds between two kept snapshots (the newest is always kept): a day's window at a
+        # second's ticks would hold 86 400 of them
+        self.resolution = resolution
         self._keep = max((w.seconds for w in self.windows), default=0.0)
         self._ring: deque[tuple[float, Mapping[K, V]]] = deque()
 
-    def with_windows(self, windows: Sequence[Window]) -> History[K, V]:
+    def with_windows(self, windows: Sequence[Window], resolution: float = 0.0) -> History[K, V]:
         """The same snapshots under new windows (a reload): a window kept keeps its figures,
         a longer new one appears once the snapshots cover it."""
-        new: History[K, V] = History(windows, self.born_at_zero)
+        new: History[K, V] = History(windows, self.born_at_zero, resolution)
         new._ring = deque(self._ring)
         return new
 
     def record(self, t: float, snapshot: Mapping[K, V]) -> None:
+        if len(self._ring) >= 2 and t - self._ring[-2][0] < self.resolution:
+            self._ring.pop()  # the newest replaces one within the resolution of the one before
         self._ring.append((t, snapshot))
         # drop what no window needs: keep one snapshot at or before the longest window's start
         while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:

@@ -23,6 +23,7 @@ from exporter.core.payoff import (
     observed_draft_length,
     options_by_draft_length,
 )
+from exporter.core.slices import SliceCounts, change_parts
 from exporter.core.stats import RequestMoments
 from exporter.engines.base import Engine, Role
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
@@ -57,6 +58,7 @@ class RouteCollector(FamiliesCollector):
         yield from self._decode()
         yield from self._histograms()
         yield from self._windows()
+        yield from self._slices()
 
     def _requests(self) -> Iterator[Metric]:
         """Requests by status and finish reason, and those without exact counts by reason."""
@@ -245,6 +247,68 @@ class RouteCollector(FamiliesCollector):
                         (routed.drafts or 0.0) / engine.drafts,
                     )
         yield from f
+
+    def _slices(self) -> Iterator[Metric]:
+        """The exact requests' counts by band of each dimension, and each route's acceptance
+        change over the breakdown's window against its baseline, split into mix and within
+        (core.slices)."""
+        acc = self.accounting
+        labels = [*ROUTE_LABELS, "dimension", "band"]
+        families = {
+            field: CounterMetricFamily(f"specdec_route_slice_{name}", doc, labels=labels)
+            for field, name, doc in _SLICE_COUNTERS
+        }
+        for key, counts in sorted(acc.slices.items()):
+            for field, family in families.items():
+                family.add_metric(list(key), getattr(counts, field))
+        yield from families.values()
+        change = GaugeMetricFamily(
+            "specdec_route_acceptance_change_ratio",
+            f"The route's exact acceptance over the last {acc.breakdown.window.label} less over "
+            f"the last {acc.breakdown.baseline.label} (what it has seen of it), per dimension "
+            "split into part=mix (its traffic moved between the dimension's bands) and "
+            "part=within (the bands' own acceptance moved); the two add up to the change.",
+            labels=[*ROUTE_LABELS, "dimension", "part"],
+        )
+        now = self.clock()
+        window = _by_dimension(acc.slice_history.increase(acc.breakdown.window, now))
+        base = _by_dimension(acc.slice_baseline.increase(acc.breakdown.baseline, now, True))
+        for series, bands in sorted(window.items()):
+            parts = change_parts(bands, base.get(series, {}))
+            for part, value in (parts or {}).items():
+                change.add_metric([*series, part], value)
+        yield change
+
+
+_SLICE_COUNTERS = (
+    ("draft_tokens", "draft_tokens", "Draft tokens of the route's exact requests in the band."),
+    (
+        "accepted",
+        "accepted_tokens",
+        "Accepted draft tokens of the route's exact requests in the band.",
+    ),
+    (
+        "requests",
+        "requests",
+        "The route's exact requests in the band (each in one band a dimension).",
+    ),
+    (
+        "completion_tokens",
+        "completion_tokens",
+        "Completion tokens of the route's exact requests in the band: over them, the band's draft "
+        "tokens are how much of its output speculation drafted (0: it drafted none).",
+    ),
+)
+
+
+def _by_dimension(
+    counts: dict[tuple[str, str, str, str], SliceCounts],
+) -> dict[tuple[str, str, str], dict[str, SliceCounts]]:
+    """(route, model_name, dimension) -> band -> counts."""
+    out: dict[tuple[str, str, str], dict[str, SliceCounts]] = {}
+    for (route, model, dimension, band), c in counts.items():
+        out.setdefault((route, model, dimension), {})[band] = c
+    return out
 
 
 class _WindowFamilies(NamedTuple):

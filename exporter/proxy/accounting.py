@@ -18,14 +18,18 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.config import ModelConfig
+from exporter.config import Breakdown, ModelConfig
 from exporter.core.counts import MAX_DRAFT_LENGTH, Counts, total
 from exporter.core.payoff import Decode, Load, decode_steps
+from exporter.core.slices import SliceCounts, Slices
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
 RouteKey = tuple[str, str]  # (route, model_name)
 DecodeKey = tuple[str, str, str]  # (route, model_name, source): whose steps are exact
+SliceKey = tuple[str, str, str, str]  # (route, model_name, dimension, band)
+BASELINE_SNAPSHOTS = 500  # a breakdown baseline's snapshots: a day's at ~3-minute spacing
+DEFAULT_BREAKDOWN = Breakdown()
 OTHER_MODEL = "_other"
 MAX_MODEL_NAME = 128  # characters of a model_name label value
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -79,6 +83,7 @@ class RequestOutcome:
     increments: tuple[int, ...] = ()  # tokens per content event, when known
     # its decode steps by the drafts proposed in them (0: plain), where the engine stated them
     steps_by_length: tuple[tuple[int, int], ...] = ()
+    slices: Slices = ()  # its band of each dimension (core.slices)
 
 
 @dataclass(slots=True)
@@ -103,6 +108,7 @@ class Accounting:
         windows: Sequence[Window],
         models: Mapping[str, ModelConfig],
         max_models: int = 16,
+        breakdown: Breakdown = DEFAULT_BREAKDOWN,
     ) -> None:
         self.routes = tuple(routes)
         self.models = models
@@ -132,6 +138,16 @@ class Accounting:
         # that a window's coverage compares the two over the same seconds
         self.engine_work: dict[tuple[str], Counts] = {}  # per (model_name,)
         self.engine_history: History[tuple[str], Counts] = History(windows, born_at_zero=True)
+        # the exact requests' counts by band of each dimension, over the breakdown's window
+        # and its baseline (core.slices)
+        self.slices: dict[SliceKey, SliceCounts] = {}
+        self.breakdown = breakdown
+        self.slice_history: History[SliceKey, SliceCounts] = History(
+            (breakdown.window,), born_at_zero=True
+        )
+        self.slice_baseline: History[SliceKey, SliceCounts] = History(
+            (breakdown.baseline,), True, breakdown.baseline.seconds / BASELINE_SNAPSHOTS
+        )
         self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
         self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
         self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
@@ -141,14 +157,25 @@ class Accounting:
         self._exact_by_model: dict[str, Counts] = {}
 
     def reconfigure(
-        self, routes: Sequence[str], windows: Sequence[Window], models: dict[str, ModelConfig]
+        self,
+        routes: Sequence[str],
+        windows: Sequence[Window],
+        models: dict[str, ModelConfig],
+        breakdown: Breakdown = DEFAULT_BREAKDOWN,
     ) -> None:
-        """A reloaded config's routes, windows (over the same history) and models; the counters
-        are untouched. Requests in flight hold this object, so it takes them in place."""
+        """A reloaded config's routes, windows (over the same history), models and breakdown;
+        the counters are untouched. Requests in flight hold this object, so it takes them in
+        place."""
         self.routes = tuple(routes)
         self.models = models
         if tuple(windows) != self.history.windows:
             self._rewindow(windows)
+        if breakdown != self.breakdown:
+            self.breakdown = breakdown
+            self.slice_history = self.slice_history.with_windows((breakdown.window,))
+            self.slice_baseline = self.slice_baseline.with_windows(
+                (breakdown.baseline,), breakdown.baseline.seconds / BASELINE_SNAPSHOTS
+            )
 
     def _rewindow(self, windows: Sequence[Window]) -> None:
         self.history = self.history.with_windows(windows)
@@ -192,12 +219,14 @@ class Accounting:
             self.steps_by_length[(req.route, req.model_name, str(length))] += n
         if req.exact is not None:
             self._add_exact(key, req.exact)
+            self._add_slices(req, req.exact)
             self._request_view(key, req.exact, req.finish_reason)
         elif req.drafted is not None:
             # llama.cpp's own draft and accepted tokens: exact; its verify steps are not known,
             # and are apportioned from the server's counters (weighed by these tokens)
             tokens, accepted = req.drafted
             own = Counts(0.0, float(tokens), float(accepted))
+            self._add_slices(req, own)
             self._add_exact(key, own)
             self._drafted[key] = self._drafted.get(key, Counts()) + own  # weighed when apportioned
             per_step = self._draft_tokens_per_step.get(req.model_name)
@@ -268,6 +297,17 @@ class Accounting:
             tokens, seconds, steps or 0.0, drafted, context * held, held
         )
         self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(tokens / seconds)
+
+    def _add_slices(self, req: RequestOutcome, exact: Counts) -> None:
+        """An exact request's draft and accepted tokens, itself and its completion tokens, to
+        its band of each dimension: per dimension the bands add up to the route's exact
+        counts."""
+        counts = SliceCounts(
+            exact.draft_tokens or 0.0, exact.accepted or 0.0, 1.0, float(req.completion_tokens)
+        )
+        for dimension, band in req.slices:
+            key = (req.route, req.model_name, dimension, band)
+            self.slices[key] = self.slices.get(key, SliceCounts()) + counts
 
     def _add_exact(self, key: RouteKey, counts: Counts) -> None:
         self.exact[key] = self.exact.get(key, Counts()) + counts
@@ -389,6 +429,8 @@ class Accounting:
         self.decode_history.record(now, dict(self.decode))
         self.moments_history.record(now, dict(self.moments))
         self.engine_history.record(now, self.engine_work)
+        self.slice_history.record(now, dict(self.slices))
+        self.slice_baseline.record(now, dict(self.slices))
 
 
 def _utf8(text: str) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from exporter import logs
 from exporter.core import reasons
 from exporter.core.faults import Faults
+from exporter.core.slices import request_bands
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
@@ -234,6 +235,7 @@ class Proxy:
             asked.strip,
             COMPLETIONS[match.path],
             asked.strip_spec,
+            request_bands(parsed),
         )
         return _Plan(target, asked.body, watch)
 
@@ -271,6 +273,7 @@ class Proxy:
                 ending.tap,
                 ending.doc,
                 watch.engine,
+                watch.bands,
             )
             if ending.status == "200" and ending.doc and watch.single:  # never for n > 1
                 self.objects_missing = outcome.without_exact in reasons.NO_OBJECT

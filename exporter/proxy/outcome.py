@@ -10,6 +10,7 @@ from typing import Any
 
 from exporter.core import reasons
 from exporter.core.counts import Counts, fits
+from exporter.core.slices import slices
 from exporter.engines import DEFAULT
 from exporter.engines.base import Engine, Response
 from exporter.proxy import accounting
@@ -26,9 +27,11 @@ def request_outcome(
     tap: StreamTap | None,
     doc: dict[str, Any] | None,
     engine: Engine = DEFAULT,
+    bands: tuple[str, str] = ("unset", "text"),
 ) -> RequestOutcome:
     """`doc`: the decoded response (or a stream's usage event); None when the proxy had to
-    relay it unread (larger than its budget)."""
+    relay it unread (larger than its budget); `bands`: its request's temperature and output
+    bands (`core.slices.request_bands`)."""
     unread = doc is None
     doc = doc or {}
     usage = doc.get("usage")
@@ -59,12 +62,13 @@ def request_outcome(
     finish: object = "abort" if status == "499" else None
     if status == "200":
         finish = tap.finish_reason if tap is not None else _first_finish(doc)
+    prompt_tokens = engine.prompt_tokens(usage, timings)
     return RequestOutcome(
         route=route,
         model_name=model,
         status=status,
         completion_tokens=tokens,
-        prompt_tokens=engine.prompt_tokens(usage, timings),
+        prompt_tokens=prompt_tokens,
         ttft=ttft,
         decode_seconds=decode,
         exact=exact,
@@ -72,6 +76,7 @@ def request_outcome(
         without_exact=without,
         increments=tuple(tap.increments) if tap is not None else (),
         steps_by_length=_steps_by_length(exact, spec_steps, tokens),
+        slices=slices(bands, prompt_tokens),
         finish_reason=accounting.finish_label(finish),
     )
 

@@ -31,6 +31,7 @@ class Watch:
     strip: tuple[bool, bool] | None = None  # a streamed completion: usage members to remove
     content_key: bytes = b""
     strip_spec: bool = False  # the proxy asked for figures in the body the client did not
+    bands: tuple[str, str] = ("unset", "text")  # its temperature and output bands (core.slices)
 
 
 @dataclass(frozen=True, slots=True)
