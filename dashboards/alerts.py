@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards.mixin import Mixin
+from dashboards.queries import slices
 from dashboards.queries.moments import rule_name
 from dashboards.queries.spec import ROUTES
 
@@ -52,8 +53,60 @@ def acceptance_drop(mix: Mixin) -> dict[str, Any]:
         "Acceptance of {{ $labels.route }} ({{ $labels.model_name }}) is {{ $value | humanizePercentage }} "
         f"below its 1-day level over the last {' or '.join(drop.windows)}, by more than {drop.z} "
         f"request-level standard errors over at least {drop.min_requests} requests. Tokens per step and the "
-        "speedup fall with it; below break-even speculation costs more than it saves.",
+        "speedup fall with it; below break-even speculation costs more than it saves."
+        + _cause(mix),
     )
+
+
+def _cause(mix: Mixin) -> str:
+    """The drop's cause from the recorded split (dashboards/queries/slices.py), in words: the
+    dimension whose traffic mix moved acceptance most; if its mix part outweighs its within
+    part, the traffic changed (and which band grew), else the bands' own acceptance fell.
+    Nothing where the route has no split (no exact requests: no slices)."""
+    w, b = mix.breakdown.window, mix.breakdown.baseline
+    change = slices.change_rule(w, b)
+    share_w, share_b = slices.band_rule("share", w), slices.band_rule("share", b)
+    route = "route=%q, model_name=%q"
+    dim = f"{route}, dimension=%q"
+    mine = "$labels.route $labels.model_name"
+    this = f"{mine} $d"
+    mixed, inside = f"{change}{{{dim}, part='mix'}}", f"{change}{{{dim}, part='within'}}"
+    total = f"sum by (route, model_name) ({change}{{{dim}}})"
+    grown = f"topk(1, ({share_w}{{{dim}}} - {share_b}{{{dim}}}) or {share_w}{{{dim}}})"
+    mix_wins = f"abs({mixed}) >= bool ignoring (part) abs({inside})"
+    return (
+        f"{{{{ with {_query(f'topk(1, abs({change}{{{route}, part={_MIX}}}))', mine)} }}}}"
+        "{{ $d := (index . 0).Labels.dimension }}"
+        f" Over the last {w} against {b}:"
+        f"{{{{ if eq ({_query(mix_wins, f'{this} {this}')} | first | value) 1.0 }}}}"
+        f" {_pp(mixed, this)} pp of {_pp(total, this)} pp is traffic mix along {{{{ $d }}}}"
+        f"{{{{ with {_query(grown, f'{this} {this} {this}')} }}}}"
+        "{{ $b := (index . 0).Labels.band }}: `{{ $b }}` went from "
+        f"{_percent(f'({share_b}{{{dim}, band=%q}} or vector(0))', this + ' $b')} % to "
+        f"{_percent(f'{share_w}{{{dim}, band=%q}}', this + ' $b')} % of draft tokens{{{{ end }}}}"
+        f"; within bands {_pp(inside, this)} pp: the traffic changed, find the client."
+        f"{{{{ else }}}} {_pp(inside, this)} pp of {_pp(total, this)} pp is within bands along"
+        " {{ $d }} (requests like the day's accept less: the engine, model or drafter"
+        f" changed); traffic mix {_pp(mixed, this)} pp.{{{{ end }}}}{{{{ end }}}}"
+    )
+
+
+_MIX = "'mix'"
+
+
+def _query(expr: str, args: str) -> str:
+    """A Go template `query` of a PromQL expression built by `printf` (its %q from `args`,
+    template values; the PromQL quotes its own strings with single quotes)."""
+    return f'query (printf "{expr}" {args})'
+
+
+def _pp(expr: str, args: str) -> str:
+    """The expression's first value x 100, signed, one decimal: percentage points."""
+    return f'{{{{ {_query(f"100 * {expr}", args)} | first | value | printf "%+.1f" }}}}'
+
+
+def _percent(expr: str, args: str) -> str:
+    return f'{{{{ {_query(f"100 * {expr}", args)} | first | value | printf "%.0f" }}}}'
 
 
 def runaway_generations(mix: Mixin) -> dict[str, Any]:

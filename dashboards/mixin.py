@@ -81,6 +81,15 @@ class DropAlert:
 
 
 @dataclass(frozen=True, slots=True)
+class Breakdown:
+    """The acceptance change split into mix and within: its window against its baseline (the
+    sidecar's `breakdown:`; the drop alert's longer window and its day)."""
+
+    window: str = setting(_duration, "10m")
+    baseline: str = setting(_duration, "1d")
+
+
+@dataclass(frozen=True, slots=True)
 class RunawayAlert:
     """SpecDecodeRunawayGenerations (and the window of SpecDecodeAcceptanceCollapsed)."""
 
@@ -134,6 +143,7 @@ class Mixin:
     # likewise for TensorRT-LLM's own /prometheus/metrics (SpecDecodeSilentlyOff's third half)
     trtllm_selector: str = setting(_selector, "")
     acceptance_drop: DropAlert = setting(_object(DropAlert), DropAlert())
+    breakdown: Breakdown = setting(_object(Breakdown), Breakdown())
     runaway: RunawayAlert = setting(_object(RunawayAlert), RunawayAlert())
     collapsed: CollapsedAlert = setting(_object(CollapsedAlert), CollapsedAlert())
     min_requests_5m: int = setting(whole(1, 10_000), 6)  # SpecDecodeBelowBreakEven's guard

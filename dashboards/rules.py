@@ -14,7 +14,7 @@ import yaml
 from dashboards.alerts import acceptance_drop, alert_groups
 from dashboards.labels import RULE_WINDOWS
 from dashboards.mixin import DEFAULT, Mixin, seconds
-from dashboards.queries import moments, spec
+from dashboards.queries import moments, slices, spec
 from dashboards.queries.moments import rule_name
 
 DASHBOARD_WINDOW = "5m"  # the Requests dashboard's band
@@ -61,6 +61,26 @@ def request_level_rules(mix: Mixin) -> list[dict[str, Any]]:
     return out
 
 
+def _band_rules(window: str) -> list[dict[str, Any]]:
+    """Each band's acceptance and share of its dimension's draft tokens over `window`."""
+    return [
+        record(slices.band_rule("acceptance", window), slices.band_acceptance(window)),
+        record(slices.band_rule("share", window), slices.band_share(window)),
+    ]
+
+
+def breakdown_rules(mix: Mixin) -> list[dict[str, Any]]:
+    """The bands over the breakdown's window, and the change against its baseline split into
+    mix and within (the baseline's bands are recorded with the other day-long figures)."""
+    w, b = mix.breakdown.window, mix.breakdown.baseline
+    name = slices.change_rule(w, b)
+    return [
+        *_band_rules(w),
+        {**record(name, slices.mix(w, b)), "labels": {"part": "mix"}},
+        {**record(name, slices.within(w, b)), "labels": {"part": "within"}},
+    ]
+
+
 def baseline_rules() -> list[dict[str, Any]]:
     """The routes' own day: what the request-level alerts compare against."""
     return [
@@ -83,6 +103,7 @@ def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
         rules = _figures(scope)
         if scope is spec.ROUTES:
             rules += request_level_rules(mix)
+            rules += breakdown_rules(mix)
             # evaluated right after the figures it reads, not one group offset later: a live
             # server otherwise adds up to an evaluation interval to the detection time
             rules.append(acceptance_drop(mix))
@@ -91,7 +112,7 @@ def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
         {
             "name": "specdec-route-baselines",
             "interval": "1m",  # a day-long rate changes slowly: evaluate it less often
-            "rules": _baselines(),
+            "rules": _baselines() + _band_rules(mix.breakdown.baseline),
         }
     )
     return groups
