@@ -72,6 +72,19 @@ class Payoff:
         return (self.tokens / self.seconds) / (self.steps / self.plain_seconds)
 
 
+SAMPLING_LOSS = 0.4  # the share of its acceptance a request loses at temperature 1
+
+
+def sampled_share(temperature: float | None) -> float:
+    """What a request keeps of its acceptance at `temperature`: 1 - 0.4 min(T, 1.5) (1 greedy
+    or unset; 0.72 at 0.7, 0.6 at 1, 0.4 from 1.5). Verifying sampled tokens accepts less than
+    greedy ones (a sampled draft matches the target's own sample less often; vLLM's rejection
+    sampler keeps more than exact matching, still less than greedy), so the simulator's
+    requests lose acceptance with their temperature: the traffic's own change that
+    `specdec_route_acceptance_change_ratio` tells from the engine's."""
+    return 1.0 - SAMPLING_LOSS * min(temperature or 0.0, 1.5)
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """The sampling fields of a request that decide its length (vLLM's names), and the draft
@@ -81,6 +94,7 @@ class Sampling:
     min_tokens: int = 0
     ignore_eos: bool = False
     draft_length: int | None = None
+    temperature: float | None = None  # None: the simulator's default, greedy
 
 
 @dataclass(slots=True)
@@ -192,6 +206,7 @@ class SimEngine:
             natural = UNBOUNDED  # no end of sequence comes: max_tokens ends it
         limit = natural if max_tokens is None else min(natural, max_tokens)
         acceptance = LOOP_ACCEPTANCE if loop else profile.request_acceptance(rng)
+        acceptance *= sampled_share(sampling.temperature)
         chain = profile.conditional(self.k, acceptance) if self.k else ()
         words = TEXT.get(profile_name, TEXT["default"])
         emitted, finish, held = 0, None, 0

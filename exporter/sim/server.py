@@ -122,7 +122,15 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         body = {"code": 400, "message": "Only one completion choice is allowed"}
         return json_body({"error": body | {"type": "invalid_request_error"}}, 400)
     cap = body.get("speculative.n_max") if state.dialect == "llamacpp" else None
-    sampling = Sampling(max_tokens, min_tokens, ignore_eos, cap if _positive_int(cap) else None)
+    temperature = body.get("temperature")
+    if temperature is not None and not (
+        isinstance(temperature, int | float) and not isinstance(temperature, bool)
+        and 0 <= temperature <= 2
+    ):  # fmt: skip
+        return json_error(400, "temperature must be a number in [0, 2]", "BadRequestError")
+    sampling = Sampling(
+        max_tokens, min_tokens, ignore_eos, cap if _positive_int(cap) else None, temperature
+    )
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
     run = Run(
         state,
