@@ -325,13 +325,74 @@ def speedup_by_batch() -> Any:
     )
 
 
+def why_it_moved(mix: Mixin) -> list[tuple[int, list[Any]]]:
+    """Why acceptance moved: the change split into traffic mix and within bands per dimension,
+    and each band's share of draft tokens, acceptance and draft rate over time."""
+    w, b = mix.breakdown.window, mix.breakdown.baseline
+    band = "{{route}} {{dimension}}={{band}}"
+    split = timeseries(
+        "Why acceptance moved: traffic mix or the engine",
+        f"Each route's exact acceptance over the last {w} less over the last {b}, per request "
+        "dimension (temperature, output kind, prompt length) split in two that add up to the "
+        "change: mix (dashed), the traffic moved between the dimension's bands, each band "
+        "accepting as over the baseline; within (solid), the bands' own acceptance moved. A "
+        "drop that is mix along one dimension is a change of traffic (a client began sending "
+        "temperature 1, or long prompts): find the client. A drop that is within along every "
+        "dimension is the engine, model or drafter: roll back or check the drafter.",
+        [
+            ("{{route}} {{dimension}} mix", Q.acceptance_change(w, b, "mix")),
+            ("{{route}} {{dimension}} within", Q.acceptance_change(w, b, "within")),
+        ],
+        PERCENT,
+        decimals=1,
+        overrides=[by_ref("A", dashed())],
+    )
+    share = timeseries(
+        "Share of draft tokens by band",
+        f"Each band's share of its dimension's draft tokens over {w} windows: where a route's "
+        "traffic moved. Only requests with exact counts are sliced (the proxy read the "
+        "engine's own per-request figures).",
+        [(band, Q.band_figure("share", w))],
+        PERCENT,
+        min_value=0,
+        max_value=1,
+    )
+    acceptance = timeseries(
+        "Acceptance by band",
+        f"Accepted / proposed draft tokens per band over {w} windows: a band whose line "
+        "falls while its share holds is the engine's doing. A band that drafted nothing has "
+        "no line here (no acceptance to show): its draft rate says so.",
+        [(band, Q.band_figure("acceptance", w))],
+        PERCENT,
+        min_value=0,
+        max_value=1,
+    )
+    draft_rate = timeseries(
+        "Draft rate by band",
+        "Draft tokens per completion token per band: 0 is a band that drafts nothing, "
+        "speculation off for that traffic (an n-gram drafter with sampled requests, say), "
+        "not zero acceptance.",
+        [(band, Q.band_draft_rate())],
+        TOKENS_PER_STEP,
+        min_value=0,
+        decimals=2,
+    )
+    return [(9, [split, share]), (8, [acceptance, draft_rate])]
+
+
 def build(mix: Mixin) -> Any:
     return dashboard(
         mix.uid(NAME),
         "specdec / Payoff by route",
         "Is speculative decoding paying off for each workload? Per-route acceptance, tokens per "
-        "step, speedup against break-even, and what users see (decode rate, TTFT).",
+        "step, speedup against break-even, what users see (decode rate, TTFT), and why "
+        "acceptance moved (traffic mix or the engine).",
         [V.datasource(mix.dashboards.datasource), V.job(), V.route_model(), V.route()],
-        [(5, headline_stats(mix)), (7, [route_table()]), *trends(mix)],
+        [
+            (5, headline_stats(mix)),
+            (7, [route_table()]),
+            *trends(mix),
+            *why_it_moved(mix),
+        ],
         mix.dashboards.tags,
     )

@@ -12,7 +12,7 @@ import re
 
 from dashboards.labels import ENGINE
 from dashboards.promql import by, ratio, sum_rate
-from dashboards.queries import moments, spec
+from dashboards.queries import moments, slices, spec
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 
 RATE = "$__rate_interval"
@@ -323,3 +323,26 @@ def below_breakeven_share() -> str:
 def finish_reasons() -> str:
     rate = sum_rate("specdec_route_requests_total", RATE, ("route", "finish_reason"), RAW_ROUTE)
     return full_window(rate, spec.ROUTES, RATE, on=("route",))
+
+
+# --- why acceptance moved (the slice counters' split) -------------------------------------
+
+
+def acceptance_change(window: str, baseline: str, part: str) -> str:
+    """The route's acceptance change over the breakdown's window against its baseline, per
+    dimension, one part of it (mix, within): the recorded split."""
+    return f'{slices.change_rule(window, baseline)}{{{ROUTE_SEL}, part="{part}"}}'
+
+
+def band_figure(figure: str, window: str) -> str:
+    """A band's recorded share of draft tokens or acceptance over `window`."""
+    return f"{slices.band_rule(figure, window)}{{{ROUTE_SEL}}}"
+
+
+def band_draft_rate() -> str:
+    """A band's draft tokens per completion token: 0 where that traffic drafts nothing
+    (speculation off for it), which its acceptance cannot show."""
+    return ratio(
+        sum_rate("specdec_route_slice_draft_tokens_total", RATE, slices.BAND, RAW_ROUTE),
+        sum_rate("specdec_route_slice_completion_tokens_total", RATE, slices.BAND, RAW_ROUTE),
+    )
