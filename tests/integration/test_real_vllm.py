@@ -706,6 +706,55 @@ async def test_request_moments_equal_the_objects_received_on_real_vllm(real: Rea
             assert value(page, "specdec_route_requests_total", **labels) == n, (route, finish)
 
 
+async def test_request_slices_are_the_objects_received_on_real_vllm(real: RealVllm) -> None:
+    """Greedy and sampled requests on one route (whole responses: each reply carries its
+    object) land in their temperature bands; each band's counters are the sums of its
+    requests' objects and completion tokens, and per dimension the bands add up to the route's
+    exact counters. The bands' draft rates and acceptances are printed as vLLM made them (the
+    tiny model with n-gram drafting: sampled requests may draft nothing at all)."""
+    srv = real.main
+    temperatures = [0.0, 0.7, 0.0, 1.5] * 4
+    async with sidecar(srv.base_url) as (_, proxy, metrics):
+        jobs: list[Job] = []
+        for i, t in enumerate(temperatures):
+            payload = {**body(PROMPTS["code" if i % 2 else "ja"], max_tokens=48), "temperature": t}
+            jobs.append((proxy + path(True), payload, VOICE_HEADERS))
+        replies = await send_all(jobs)
+        page = await eventually(
+            functools.partial(settled, metrics, {"voice_chat": float(len(jobs))}), 10.0
+        )
+    bands: dict[tuple[str, str], dict[str, float]] = {}
+    for (name, ls), v in page.items():
+        labels = dict(ls)
+        if name.startswith("specdec_route_slice_") and labels.get("route") == "voice_chat":
+            field = name.removeprefix("specdec_route_slice_").removesuffix("_total")
+            bands.setdefault((labels["dimension"], labels["band"]), {})[field] = v
+    want: dict[str, dict[str, float]] = {}
+    for t, reply in zip(temperatures, replies, strict=True):
+        spec, usage = reply.spec(), reply.json()["usage"]
+        assert spec is not None
+        band = want.setdefault("greedy" if t == 0 else "mid" if t <= 1 else "high", {})
+        for field, amount in (
+            ("draft_tokens", spec["num_draft_tokens"]),
+            ("accepted_tokens", spec["num_accepted_draft_tokens"]),
+            ("requests", 1),
+            ("completion_tokens", usage["completion_tokens"]),
+        ):
+            band[field] = band.get(field, 0.0) + amount
+    got = {b: f for (d, b), f in bands.items() if d == "temperature"}
+    assert got == want, (got, want)
+    route = route_counts(page)["voice_chat"]
+    for dimension in ("temperature", "output", "prompt_tokens"):
+        mine = [f for (d, _), f in bands.items() if d == dimension]
+        assert sum(f["draft_tokens"] for f in mine) == route.draft_tokens
+        assert sum(f["accepted_tokens"] for f in mine) == route.accepted
+    for band, f in sorted(want.items()):
+        rate = f["draft_tokens"] / f["completion_tokens"]
+        accepted = f["accepted_tokens"] / f["draft_tokens"] if f["draft_tokens"] else None
+        print(f"real vLLM, temperature band {band}: {f['requests']:.0f} requests, draft rate "
+              f"{rate:.3f} draft tokens a completion token, acceptance {accepted}")  # fmt: skip
+
+
 async def settled(metrics: str, want: dict[str, float]) -> Page | None:
     """The sidecar's page once it has accounted `want` requests per route (accounting ends
     just after the client got the last byte)."""
