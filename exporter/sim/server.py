@@ -125,9 +125,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     temperature = body.get("temperature")
     if temperature is not None and not (
         isinstance(temperature, int | float) and not isinstance(temperature, bool)
-        and 0 <= temperature <= 2
-    ):  # fmt: skip
-        return json_error(400, "temperature must be a number in [0, 2]", "BadRequestError")
+        and temperature >= 0
+    ):  # fmt: skip  (NaN is not >= 0)
+        return json_error(400, "temperature must be a number >= 0", "BadRequestError")
     sampling = Sampling(
         max_tokens, min_tokens, ignore_eos, cap if _positive_int(cap) else None, temperature
     )
