@@ -42,7 +42,10 @@ class ProxyCollector(FamiliesCollector):
         shed = _counter(
             "specdec_proxy_shed_requests",
             "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight, "
-            "max_buffered_bytes, or the process's file descriptors.",
+            "max_buffered_bytes, or the process's file descriptors (for a client connection or "
+            "an upstream one); and connections made to give their slot to a new one at "
+            "max_connections: connections_idle_closed (nothing under way: closed cleanly), "
+            "connections_slow_head (a head trickling in under 512 B/s: 408).",
             "limit",
             proxy.stats.shed,
         )

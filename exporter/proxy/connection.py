@@ -26,6 +26,11 @@ from exporter.proxy.reader import Refusal, RequestReader
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.writer import HIGH_WATER, HTTP_10, ResponseWriter
 
+# a request head arriving slower than this, for longer than a second, yields its connection's
+# slot to a new connection when the proxy is at max_connections (a head comes in one segment)
+MIN_HEAD_RATE = 512.0  # bytes a second
+MIN_HEAD_SECONDS = 1.0
+
 
 class Call(Protocol):
     """A request under way, as its connection sees it."""
@@ -99,6 +104,7 @@ class ClientConnection(asyncio.Protocol):
         self._continued = False  # 100 Continue sent for the request being read
         self._last = self._loop.time()
         self._head_since: float | None = None  # the first byte of a head not yet whole
+        self._head_bytes = 0  # bytes received of that head
         self._body_since: float | None = None  # a head whole, its body not yet
         self._body_last = 0.0  # when the last bytes of a body being received came
         self._stalled_since: float | None = None  # the client stopped reading our writes
@@ -123,6 +129,50 @@ class ClientConnection(asyncio.Protocol):
         elif self._transport is not None:
             self._transport.close()
 
+    # ------------------------------------------------------------ at max_connections
+
+    def idle_since(self) -> float | None:
+        """When it last did anything, if nothing is under way on it: no request answered or
+        waiting, no bytes of a head or body in (a connection that never sent a byte, or a
+        keep-alive one between requests). None otherwise: it is never the one to go."""
+        reader, transport = self.reader, self._transport
+        if transport is None or transport.is_closing() or self._busy or reader.ready:
+            return None
+        if reader.head_pending or reader.body_pending:
+            return None
+        return self._last
+
+    def head_since(self) -> float | None:
+        """When its request head began, if bytes of one have come and it is not whole."""
+        if self._busy or not self.reader.head_pending:
+            return None
+        return self._head_since
+
+    def slow_head_since(self, now: float) -> float | None:
+        """When its request head began, if that head has been arriving for over a second at
+        under MIN_HEAD_RATE (a trickle holding the slot); None otherwise."""
+        since = self._head_since
+        if since is None or self._busy or not self.reader.head_pending:
+            return None
+        elapsed = now - since
+        if elapsed < MIN_HEAD_SECONDS or self._head_bytes >= MIN_HEAD_RATE * elapsed:
+            return None
+        return since
+
+    def make_way(self) -> None:
+        """An idle connection gives its slot up: closed cleanly (RFC 9112 §9.6: a server may
+        close an idle connection at any time; a client retries a request it never sent)."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def cut_slow_head(self) -> None:
+        """A head still arriving gives its slot up: 408, then the close."""
+        self._head_since = None
+        self.reader.refuse(
+            Refusal(408, "request head arriving too slowly for a busy proxy", "RequestTimeout")
+        )
+        self._next()
+
     # ------------------------------------------------------------ asyncio's side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -141,6 +191,7 @@ class ClientConnection(asyncio.Protocol):
         reader.feed(data)
         now = self._loop.time()
         self._last = now  # a body that keeps coming is not idle
+        self._head_bytes = self._head_bytes + len(data) if reader.head_pending else 0
         if not reader.head_pending:
             self._head_since = None
         elif self._head_since is None:

@@ -44,6 +44,9 @@ from exporter.proxy.stats import ProxyStats
 from exporter.proxy.upstream import Body
 from exporter.proxy.writer import ResponseWriter
 
+# at max_connections, an idle connection younger than this yields its slot only after those that
+# are older and those trickling a head: a new client's request is on its way
+IDLE_GRACE = 1.0
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -126,17 +129,53 @@ class Proxy:
 
     def accept(self) -> ClientConnection:
         """The protocol of one accepted connection (one accepted while draining is answered
-        once, then closed)."""
+        once, then closed). At max_connections another gives it its slot if one can
+        (`_make_room`); else every request on it is shed."""
+        full = len(self._clients) >= self.settings.config.max_connections
         client = ClientConnection(
-            self,
-            self._closed,
-            budget=self.budget,
-            over_limit=len(self._clients) >= self.settings.config.max_connections,
+            self, self._closed, budget=self.budget, over_limit=full and not self._make_room()
         )
         self._clients.add(client)
         if self.draining:
             client.drain()
         return client
+
+    def _make_room(self) -> bool:
+        """At max_connections, a slot for a new connection, taken from (in this order):
+        the connection idle longest with nothing under way, idle for IDLE_GRACE at least
+        (closed cleanly); the one whose request head has been arriving longest, below the
+        minimum rate first (answered 408: a client sends its head in one segment); a
+        connection idle for less (a new client's first bytes are on their way: last). A
+        connection with a request under way is never chosen. False: none can go (the
+        newcomer is shed). The order keeps a peer that trickles heads from winning its slots
+        back: each of its reconnects makes another of its own heads the next to go."""
+        now = asyncio.get_running_loop().time()
+        idle, heads = [], []
+        for c in self._clients:
+            if (since := c.idle_since()) is not None:
+                idle.append((since, c))
+            elif (started := c.head_since()) is not None:
+                slow = c.slow_head_since(now) is None  # False sorts first: the slow ones
+                heads.append(((slow, started), c))
+        settled = [(since, c) for since, c in idle if now - since >= IDLE_GRACE]
+        if settled or (idle and not heads):
+            victim = min(settled or idle, key=lambda pair: pair[0])[1]
+            victim.make_way()
+            reason = "connections_idle_closed"
+        elif heads:
+            victim = min(heads, key=lambda pair: pair[0])[1]
+            victim.cut_slow_head()
+            reason = "connections_slow_head"
+        else:
+            return False
+        self._clients.discard(victim)  # its slot is the newcomer's now
+        self.stats.shed[reason] += 1
+        if self.stats.episode("connections", time.monotonic()):
+            self.log.warning(
+                "at max_connections: idle and slow connections make room for new ones",
+                limit=self.settings.config.max_connections,
+            )
+        return True
 
     def _out_of_descriptors(self, reason: str) -> None:
         """A connection answered 503 for want of file descriptors (the listener's)."""

@@ -4,6 +4,7 @@ the request accounted once when it ends, fails or its client goes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,15 @@ from exporter.proxy.framing import Head
 from exporter.proxy.responses import end_to_end, error_response, release, request_json
 from exporter.proxy.sse import StreamTap
 from exporter.proxy.stats import ProxyStats
-from exporter.proxy.upstream import Broken, Closed, Exchange, Malformed, Receiver, Unreachable
+from exporter.proxy.upstream import (
+    Broken,
+    Closed,
+    Exchange,
+    Malformed,
+    OutOfDescriptors,
+    Receiver,
+    Unreachable,
+)
 from exporter.proxy.writer import ResponseWriter
 
 
@@ -151,6 +160,17 @@ class Relay:
 
     def fail(self, error: BaseException) -> None:
         writer = self.writer
+        if isinstance(error, OutOfDescriptors):  # ours, not the engine's: shed, not an error
+            self._stats.shed["descriptors"] += 1
+            if self._stats.episode("descriptors", time.monotonic()):
+                self._log.warning("out of file descriptors for upstream connections: 503")
+            writer.close_after = True  # its descriptor back too
+            error_response(
+                writer, 503, "the proxy is out of file descriptors", "ServiceUnavailableError",
+                retry_after=1,
+            )  # fmt: skip
+            self._done("503", None)
+            return
         if isinstance(error, TimeoutError):
             reason, status = "timeout", "504"
             error_response(writer, 504, "upstream timed out", "GatewayTimeout")

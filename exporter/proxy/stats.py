@@ -8,9 +8,19 @@ from dataclasses import dataclass, field
 from exporter.proxy.framing import FRAMING_REASONS
 
 UPSTREAM_ERRORS = ("connection", "closed", "timeout", "broken", "malformed")
-LIMITS = ("connections", "in_flight", "buffered_bytes", "descriptors")  # a shed request met
+# a limit a request was shed at (503), and how a connection was made to give its slot to a
+# new one at max_connections: idle with nothing under way (closed), or its head trickling (408)
+LIMITS = (
+    "connections",
+    "in_flight",
+    "buffered_bytes",
+    "descriptors",
+    "connections_idle_closed",
+    "connections_slow_head",
+)
 UNREADABLE = ("not_utf8", "invalid_json", "too_deep", "not_an_object")  # completion bodies
 TIMEOUTS = ("head", "body", "write", "stalled_body")
+EPISODE_QUIET = 10.0  # seconds without an occurrence that end an episode
 
 
 def _zeros(keys: tuple[str, ...]) -> dict[str, int]:
@@ -29,3 +39,12 @@ class ProxyStats:
     refused: int = 0
     cut_at_drain: int = 0  # requests still running when the drain's grace ran out
     in_flight: int = 0
+    # when each kind of episode was last logged (one line per episode, not per connection)
+    logged: dict[str, float] = field(default_factory=dict)
+
+    def episode(self, kind: str, now: float, quiet: float = EPISODE_QUIET) -> bool:
+        """Whether an occurrence of `kind` at `now` starts a new episode (none in the last
+        `quiet` seconds): the one to log."""
+        last = self.logged.get(kind)
+        self.logged[kind] = now
+        return last is None or now - last > quiet

@@ -18,6 +18,7 @@ an engine that read the request may be running it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import select
 import ssl
 from collections.abc import Iterable, Sequence
@@ -53,6 +54,11 @@ class Closed(ConnectionError):
 
 class Unreachable(ConnectionError):
     """No connection could be made: nothing of the request reached the upstream."""
+
+
+class OutOfDescriptors(Unreachable):
+    """No connection could be made because this process (or the host) has no file descriptor
+    left for it: the proxy's shortage, not the upstream's fault."""
 
 
 class Receiver(Protocol):
@@ -342,7 +348,8 @@ class Exchange:
             return
         except OSError as exc:
             self._connecting = None
-            self._fail(Unreachable(str(exc) or type(exc).__name__))
+            short = exc.errno in (errno.EMFILE, errno.ENFILE)
+            self._fail((OutOfDescriptors if short else Unreachable)(str(exc) or type(exc).__name__))
             return
         self._connecting = None
         _write(conn, self._request)

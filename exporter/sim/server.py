@@ -124,7 +124,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     cap = body.get("speculative.n_max") if state.dialect == "llamacpp" else None
     temperature = body.get("temperature")
     if temperature is not None and not (
-        isinstance(temperature, int | float) and not isinstance(temperature, bool)
+        isinstance(temperature, int | float)
+        and not isinstance(temperature, bool)
         and temperature >= 0
     ):  # fmt: skip  (NaN is not >= 0)
         return json_error(400, "temperature must be a number >= 0", "BadRequestError")

@@ -43,18 +43,28 @@ async def test_past_max_in_flight_requests_get_503_with_retry_after() -> None:
     for i, (status, _, body) in enumerate(done):
         assert status == 200 and body == b"".join(sse_completion(f"a{i}", EVENTS, usage=False))
     assert after[0] == 200
-    assert counted == {"connections": 0, "in_flight": 3, "buffered_bytes": 0, "descriptors": 0}
+    assert counted == {
+        "connections": 0,
+        "in_flight": 3,
+        "buffered_bytes": 0,
+        "descriptors": 0,
+        "connections_idle_closed": 0,
+        "connections_slow_head": 0,
+    }
 
 
-async def test_past_max_connections_a_connection_gets_503_and_is_closed() -> None:
+async def test_past_max_connections_with_none_to_spare_a_connection_gets_503() -> None:
+    """Every slot holds a request under way (none idle, none trickling a head): a new
+    connection's request is shed, and the connection closed; once a slot frees, served."""
     async with (
-        scripted(streaming(EVENTS, 0.02)) as (up, _),
+        scripted(streaming(EVENTS, 0.1)) as (up, _),
         sidecar(up, max_connections=2) as (side, proxy, _),
+        aiohttp.ClientSession() as session,
     ):
-        host, port = proxy.removeprefix("http://").split(":")
-        held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
-        while side.proxy is not None and side.proxy.client_connections < 2:
+        busy = [asyncio.create_task(one(session, proxy, f"a{i}")) for i in range(2)]
+        while side.proxy is not None and side.proxy.stats.in_flight < 2:
             await asyncio.sleep(0.01)
+        host, port = proxy.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = await asyncio.wait_for(reader.read(), 10)  # then closed: read to EOF
@@ -62,11 +72,7 @@ async def test_past_max_connections_a_connection_gets_503_and_is_closed() -> Non
         assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
         assert b"Connection: close" in head
         assert json.loads(body)["error"]["code"] == 503
-        for _, w in held:  # below the limit again: served
-            w.close()
-        while side.proxy is not None and side.proxy.client_connections > 0:
-            await asyncio.sleep(0.01)
-        async with aiohttp.ClientSession() as session:
-            status, _, _ = await one(session, proxy, "ok")
+        assert [status for status, _, _ in await asyncio.gather(*busy)] == [200, 200]
+        status, _, _ = await one(session, proxy, "ok")
         assert status == 200
         assert side.proxy is not None and side.proxy.stats.shed["connections"] == 1

@@ -83,3 +83,80 @@ proxy:
     counter = 'specdec_proxy_shed_requests_total{limit="descriptors"}'
     shed = next(line for line in page.splitlines() if line.startswith(counter))
     assert float(shed.split()[-1]) >= 1
+
+
+def request_on(sock: socket.socket) -> bytes:
+    """A small completion on an open connection: the status line of its answer."""
+    body = b'{"model": "sim-27b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    got = b""
+    while b"\r\n" not in got:
+        piece = sock.recv(4096)
+        if not piece:
+            break
+        got += piece
+    return got.split(b"\r\n", 1)[0]
+
+
+def counter(page: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in page.splitlines() if line.startswith(name))
+
+
+def test_no_descriptor_for_the_upstream_is_a_503_not_an_engine_error(tmp_path: Path) -> None:
+    """A client connected before the descriptors ran out sends its request after: the proxy
+    cannot open the upstream socket. That is the proxy's shortage: 503 with Retry-After,
+    counted as shed for `descriptors`, never as an upstream (engine) error; and once
+    descriptors are free again the same client is answered, no restart."""
+    sim, proxy, metrics = free_port(), free_port(), free_port()
+    config = tmp_path / "specdec.yaml"
+    config.write_text(
+        f"""listen: 127.0.0.1:{metrics}
+targets:
+  - {{url: "http://127.0.0.1:{sim}/metrics"}}
+proxy:
+  upstream: http://127.0.0.1:{sim}
+  listen: 127.0.0.1:{proxy}
+"""
+    )
+    lower = f"resource.setrlimit(resource.RLIMIT_NOFILE, ({LIMIT}, {LIMIT}))"
+    limited = [
+        sys.executable,
+        "-c",
+        f"import os, resource, sys; {lower}; os.execvp(sys.argv[1], sys.argv[1:])",
+        *specdec("serve", "--config", str(config)),
+    ]
+    with (
+        child(specdec("sim", "--listen", f"127.0.0.1:{sim}", "--speed", "50"), tmp_path / "s"),
+        child(limited, tmp_path / "serve.log"),
+    ):
+        base = f"http://127.0.0.1:{metrics}/metrics"
+        wait_for(lambda: http_get(base), what="the sidecar")
+        early = socket.create_connection(("127.0.0.1", proxy), timeout=10)
+        # the pool's idle upstream connections go after 4 s: the request must open a new one
+        started = time.monotonic()
+        wait_for(lambda: time.monotonic() - started > 4.5 or None, timeout=6, what="4.5 s")
+        idle = [socket.create_connection(("127.0.0.1", proxy)) for _ in range(2 * LIMIT)]
+        try:
+            wait_for(lambda: "out of file descriptors" in (tmp_path / "serve.log").read_text()
+                     or None, what="the episode")  # fmt: skip
+            status = request_on(early)
+            assert status.startswith(b"HTTP/1.1 503"), status
+        finally:
+            for sock in idle:
+                sock.close()
+            early.close()
+
+        def answered() -> bool:
+            with socket.create_connection(("127.0.0.1", proxy), timeout=10) as again:
+                return request_on(again).startswith(b"HTTP/1.1 200")
+
+        wait_for(lambda: answered() or None, timeout=20, what="answered again")
+        page = http_get(base)
+    assert counter(page, "specdec_proxy_upstream_errors_total") == 0, page
+    assert counter(page, 'specdec_proxy_shed_requests_total{limit="descriptors"}') >= 1
+    assert (
+        "out of file descriptors for upstream connections" in (tmp_path / "serve.log").read_text()
+    )
