@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,9 +33,10 @@ from exporter.config import (
     Target,
 )
 from exporter.core.counts import ratios, total
-from exporter.core.payoff import Decode, Load, Speedups
+from exporter.core.payoff import Speedups
+from exporter.core.reading import read_route
 from exporter.core.schedule import Schedule
-from exporter.core.stats import LOW_CONFIDENCE_REQUESTS, RequestMoments
+from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.demo_prometheus import log_path, prometheus_child
 from exporter.measure.scenarios import Scenario, builtin
@@ -145,41 +145,33 @@ async def _traffic(
 
 def route_line(acc: Accounting, route: str, now: float, running: float | None = None) -> str:
     """The route over the last window, or the part of it the sidecar has seen (the proxy's
-    accounting): the exact acceptance with its 95 % interval when the window holds enough
-    requests (marked below LOW_CONFIDENCE_REQUESTS), else the estimate, said so; tokens per
-    step, decode rate, the speedup at the engine's mean batch `running` (the sidecar's
-    estimate; the measured one beside it only when the two differ by more than 5 %, with
-    why), requests."""
+    accounting, read as the collectors read it: `core.reading.read_route`): the exact
+    acceptance with its 95 % interval when the window holds enough requests (marked below
+    LOW_CONFIDENCE_REQUESTS), else the estimate, said so; tokens per step, decode rate, the
+    speedup at the engine's mean batch `running` (the sidecar's estimate; the measured one
+    beside it only when the two differ by more than 5 %, with why), requests."""
     window = acc.history.windows[0]
     span = _span(acc.history.span(window, now))
-
-    def mine(table: Mapping[tuple[str, str], V]) -> list[V]:
-        return [value for (name, _), value in table.items() if name == route]
-
-    r = ratios(total(mine(acc.history.increase(window, now, partial=True))))
-    if r.acceptance is None or r.mean_acceptance_length is None:
+    batch = {} if running is None else {MODEL: running}
+    seen = acc.route_windows(window, now, batch, partial=True).get((route, MODEL))
+    config = acc.models.get(MODEL)
+    curve = None if config is None else config.curve
+    reading = None if seen is None else read_route(seen, curve, own_positions=True)
+    if seen is None or reading is None or reading.acceptance is None:
         return f"{route:<13} no completed requests in the last {span}"
-    moments = sum(mine(acc.moments_history.increase(window, now, partial=True)), RequestMoments())
-    interval = moments.interval()
+    moments, interval = seen.moments, reading.interval
     if interval is not None:
         figure = f"{100 * interval.estimate:5.1f}% ±{100 * interval.halfwidth:4.1f}"
     elif moments.requests:
         figure = f"{100 * moments.accepted / moments.draft_tokens:5.1f}%      "
     else:
-        figure = f"{100 * r.acceptance:5.1f}% (est.)"
-    decoded = mine(acc.decoded(window, now, partial=True))
-    every, exact = decoded[0] if decoded else (Decode(), Decode())
-    rate = f"{every.rate:6.1f}" if every.rate else "     -"
-    config = acc.models.get(MODEL)
-    curve = None if config is None else config.curve
-    batch = {} if running is None else {MODEL: running}
-    load = acc.load(window, now, batch, partial=True).get(MODEL, Load(running))
-    payoff = Speedups.at_load(curve, load, r.mean_acceptance_length, every, exact)
+        figure = f"{100 * reading.acceptance:5.1f}% (est.)"
+    rate = f"{seen.decoded.rate:6.1f}" if seen.decoded.rate else "     -"
     note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"
     return (
         f"{route:<13} acceptance {figure} over {span} (proxy)  tokens/step "
-        f"{r.mean_acceptance_length:.2f}  decode {rate} tok/s{_speedup(payoff, running)}  "
-        f"requests {moments.requests:.0f}{note}"
+        f"{reading.tokens_per_step or 0:.2f}  decode {rate} tok/s"
+        f"{_speedup(reading.payoff, running)}  requests {moments.requests:.0f}{note}"
     )
 
 

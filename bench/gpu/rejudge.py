@@ -24,18 +24,10 @@ from typing import Any
 
 from bench.gpu import product, sweep
 from bench.gpu.product import Samples
-from exporter.core.counts import Counts, ratios
-from exporter.core.payoff import (
-    Decode,
-    Load,
-    Speedups,
-    StepCurve,
-    StepPoint,
-    best_draft_length,
-    observed_draft_length,
-    options_by_draft_length,
-)
-from exporter.core.stats import Interval
+from exporter.core.counts import Counts
+from exporter.core.payoff import Decode, Load, Speedups, StepCurve, StepPoint
+from exporter.core.reading import RouteWindow, read_route
+from exporter.core.stats import RequestMoments
 
 
 def curve(data: dict[str, Any]) -> StepCurve:
@@ -79,31 +71,60 @@ def load(after: Samples, before: Samples) -> Load:
     )
 
 
-def reading(
-    after: Samples, before: Samples, route: str, steps: StepCurve
-) -> tuple[Speedups, dict[int, float], sweep.Said]:
-    """The route's speedups, its options by draft length over the window between the two
-    pages, and the best draft length it names (or its top two, where they are within its
-    error)."""
+def route_window(after: Samples, before: Samples, route: str) -> RouteWindow:
+    """A route's counts between two sidecar pages, as the sidecar's own window holds them."""
 
     def d(name: str, **labels: str) -> float:
         return product.increase(after, before, f"specdec_route_{name}_total", route=route, **labels)
 
-    counts = Counts(d("drafts"), d("draft_tokens"), d("accepted"))
-    every = Decode(d("decode_tokens"), d("decode_seconds"))
-    exact = Decode(d("decode_tokens", source="exact"), d("decode_seconds", source="exact"),
-                   d("decode_steps", source="exact"))  # fmt: skip
-    payoff = Speedups.at_load(
-        steps, load(after, before), ratios(counts).mean_acceptance_length, every, exact
+    positions = sorted(
+        {int(lb["position"]) for lb, _ in after.get(
+            "specdec_route_accepted_tokens_per_position_total", []) if lb.get("route") == route}
+    )  # fmt: skip
+    counts = Counts(
+        d("drafts"),
+        d("draft_tokens"),
+        d("accepted"),
+        tuple(d("accepted_tokens_per_position", position=str(i)) for i in positions),
     )
-    estimate = product.one(after, "specdec_route_exact_acceptance_ratio", route=route)
-    half = product.one(after, "specdec_route_acceptance_ci_halfwidth", route=route)
-    interval = Interval(estimate, 0.0, half, 0.0) if estimate and half is not None else None
-    k = observed_draft_length(counts, payoff, steps.k)
-    found = options_by_draft_length(counts, payoff, interval, False, k)
-    by_length = {o.draft_length: o.speedup for o in found}
-    chosen = best_draft_length(found)
-    return payoff, by_length, chosen.draft_length if chosen else sweep.top_two(by_length)
+    moments = RequestMoments(
+        d("spec_requests"),
+        d("accepted_tokens", source="exact"),
+        d("draft_tokens", source="exact"),
+        *(d(f"request_{name}") for name in MOMENT_COUNTERS),
+    )
+    return RouteWindow(
+        counts,
+        Decode(d("decode_tokens"), d("decode_seconds")),
+        Decode(
+            d("decode_tokens", source="exact"),
+            d("decode_seconds", source="exact"),
+            d("decode_steps", source="exact"),
+        ),
+        moments,
+        load(after, before),
+    )
+
+
+# RequestMoments' second and third moments, as the sidecar names their counters
+MOMENT_COUNTERS = (
+    "accepted_tokens_squared",
+    "draft_tokens_squared",
+    "accepted_times_draft_tokens",
+    "draft_tokens_cubed",
+)
+
+
+def reading(
+    after: Samples, before: Samples, route: str, steps: StepCurve, own_positions: bool = False
+) -> tuple[Speedups, dict[int, float], sweep.Said]:
+    """The route's speedups, its options by draft length over the window between the two
+    pages, and the best draft length it names (or its top two, where they are within its
+    error): the sidecar's own reading (`core.reading.read_route`)."""
+    mine = read_route(route_window(after, before, route), steps, own_positions)
+    by_length = {o.draft_length: o.speedup for o in mine.options}
+    said = mine.best.draft_length if mine.best else sweep.top_two(by_length)
+    return mine.payoff, by_length, said
 
 
 def acceptance(page: Samples, route: str) -> str:

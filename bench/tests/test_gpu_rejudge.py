@@ -21,8 +21,11 @@ specdec_route_accepted_tokens_total{route="voice_chat",source="estimated"} 402
 specdec_route_decode_tokens_total{route="voice_chat",source="exact"} 3047
 specdec_route_decode_seconds_total{route="voice_chat",source="exact"} 51.52
 specdec_route_decode_steps_total{route="voice_chat",source="exact"} 1474
-specdec_route_exact_acceptance_ratio{route="voice_chat",window="9s"} 0.367
-specdec_route_acceptance_ci_halfwidth{route="voice_chat",window="9s"} 0.0215
+specdec_route_spec_requests_total{route="voice_chat"} 120
+specdec_route_request_draft_tokens_squared_total{route="voice_chat"} 153080.3
+specdec_route_request_draft_tokens_cubed_total{route="voice_chat"} 5467895
+specdec_route_request_accepted_tokens_squared_total{route="voice_chat"} 22539.2
+specdec_route_request_accepted_times_draft_tokens_total{route="voice_chat"} 56185.6
 specdec_engine_running_request_seconds_total 100
 specdec_engine_running_request_batch_seconds_total 1553
 """

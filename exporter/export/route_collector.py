@@ -13,18 +13,9 @@ from prometheus_client.core import (
 )
 
 from exporter.config import ModelConfig
-from exporter.core.counts import ratios, total
-from exporter.core.payoff import (
-    Decode,
-    DraftLength,
-    Load,
-    Speedups,
-    best_draft_length,
-    observed_draft_length,
-    options_by_draft_length,
-)
+from exporter.core.counts import total
+from exporter.core.reading import RouteReading, read_route
 from exporter.core.slices import SliceCounts, change_parts
-from exporter.core.stats import RequestMoments
 from exporter.engines.base import Engine, Role
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.proxy.accounting import Accounting
@@ -211,36 +202,21 @@ class RouteCollector(FamiliesCollector):
         now = self.clock()
         acc = self.accounting
         for window in acc.history.windows:
-            routes = acc.history.increase(window, now)
             running = {} if self.target is None else self.target.mean_running(window, now)
-            decode = acc.decoded(window, now)
-            loads = acc.load(window, now, running)
-            moments = acc.moments_history.increase(window, now)
-            for (route, model), c in sorted(routes.items()):
-                r = ratios(c)
-                series = [route, model, window.label]
-                if r.acceptance is not None:
-                    f.acceptance.add_metric(series, r.acceptance)
-                if r.mean_acceptance_length is not None:
-                    f.length.add_metric(series, r.mean_acceptance_length)
-            for (route, model), c in sorted(routes.items()):
+            routes = acc.route_windows(window, now, running)
+            for (route, model), seen in sorted(routes.items()):
                 config = self.models.get(model)
-                every, exact = decode.get((route, model), (Decode(), Decode()))
-                load = loads.get(model, Load(None))
                 curve = None if config is None else config.curve
-                payoff = Speedups.at_load(
-                    curve, load, ratios(c).mean_acceptance_length, every, exact
-                )
-                # the k the engine runs at the batch (a schedule's), where no step says
-                k = None if curve is None else curve.draft_length(load.running or 1.0)
-                interval = moments.get((route, model), RequestMoments()).interval()
-                options = options_by_draft_length(
-                    c, payoff, interval, self._own_positions, observed_draft_length(c, payoff, k)
-                )
-                _add_payoff(f, [route, model, window.label], payoff, options)
+                reading = read_route(seen, curve, self._own_positions)
+                series = [route, model, window.label]
+                if reading.acceptance is not None:
+                    f.acceptance.add_metric(series, reading.acceptance)
+                if reading.tokens_per_step is not None:
+                    f.length.add_metric(series, reading.tokens_per_step)
+                _add_payoff(f, series, reading)
             if self.target is not None:
                 engine = total(list(acc.engine_history.increase(window, now).values()))
-                routed = total(list(routes.values()))
+                routed = total([seen.counts for seen in routes.values()])
                 if engine.drafts:
                     f.coverage.add_metric(
                         [self.target.target.name, window.label],
@@ -380,18 +356,17 @@ def _window_families() -> _WindowFamilies:
     )
 
 
-def _add_payoff(
-    f: _WindowFamilies, series: list[str], payoff: Speedups, options: list[DraftLength]
-) -> None:
+def _add_payoff(f: _WindowFamilies, series: list[str], reading: RouteReading) -> None:
     """One route's speedups at the load, by draft length, and the best draft length."""
+    payoff = reading.payoff
     if payoff.estimated is not None:
         f.speedup_est.add_metric(series, payoff.estimated)
     if payoff.measured is not None:
         f.speedup.add_metric(series, payoff.measured)
-    for option in options:
+    for option in reading.options:
         length_series = [*series, str(option.draft_length)]
         f.at_length.add_metric(length_series, option.speedup)
         if option.halfwidth is not None:
             f.at_length_half.add_metric(length_series, option.halfwidth)
-    if (chosen := best_draft_length(options)) is not None:
-        f.best.add_metric(series, float(chosen.draft_length))
+    if reading.best is not None:
+        f.best.add_metric(series, float(reading.best.draft_length))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from exporter.config import Breakdown, ModelConfig
 from exporter.core.counts import MAX_DRAFT_LENGTH, Counts, total
 from exporter.core.payoff import Decode, Load, decode_steps
+from exporter.core.reading import RouteWindow
 from exporter.core.slices import SliceCounts, Slices
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
@@ -255,6 +256,28 @@ class Accounting:
         for (route, model, source), d in self.decode_history.increase(window, now, partial).items():
             every, exact = out.get((route, model), (Decode(), Decode()))
             out[(route, model)] = (every + d, exact + d if source == "exact" else exact)
+        return out
+
+    def route_windows(
+        self, window: Window, now: float, running: Mapping[str, float], partial: bool = False
+    ) -> dict[RouteKey, RouteWindow]:
+        """Every route's counts over the window, read at once (`core.reading.read_route` makes
+        its figures of them): its counts, decode, exact requests' moments and its engine's
+        load (`running`: the engine's batch per model)."""
+        routes = self.history.increase(window, now, partial)
+        decoded = self.decoded(window, now, partial)
+        moments = self.moments_history.increase(window, now, partial)
+        loads = self.load(window, now, running, partial)
+        out = {}
+        for key, counts in routes.items():
+            every, exact = decoded.get(key, (Decode(), Decode()))
+            out[key] = RouteWindow(
+                counts,
+                every,
+                exact,
+                moments.get(key, RequestMoments()),
+                loads.get(key[1], Load(None)),
+            )
         return out
 
     def load(
