@@ -1,7 +1,7 @@
 """Detection quality of SpecDecodeAcceptanceDrop under the rules as shipped, on traffic with
 realistic per-request spread, measured by promtool.
 
-The traffic and the promtool runner are tests/alert_traffic.py's (the same ones
+The traffic and the promtool runner are harness/alert_traffic.py's (the same ones
 tests/integration/test_alert_quality.py holds to the goals in CI): per-route Poisson requests,
 each drawing its own acceptance from Beta(mean c, (1 - mean) c) (or, on a route mixing kinds of
 prompts, from its kind's), its steps drawn with the simulator's chain, scraped every 15 s.
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.alert_traffic import (  # noqa: E402
+from harness.alert_traffic import (  # noqa: E402
     RULES,
     RouteTraffic,
     Scenario,

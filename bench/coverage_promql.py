@@ -35,7 +35,7 @@ from _traffic import draw
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.alert_traffic import RULES, group_order, run_promtool  # noqa: E402
+from harness.alert_traffic import RULES, group_order, run_promtool  # noqa: E402
 
 MEANS = (0.36, 0.71)
 CONCENTRATIONS = (5.0, 15.0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The payoff at load on a real vLLM-CPU (the CI's tiny model, n-gram k = 3): the sidecar's
 load-aware speedups against an A/B measurement on two real servers (the goal:
-within 10 % of the A/B). The procedure is `tests/real_vllm/payoff.py`'s, which the CI test
+within 10 % of the A/B). The procedure is `harness/real_vllm/payoff.py`'s, which the CI test
 `tests/integration/test_real_vllm_payoff.py` runs with shorter phases.
 
 Printed per route and level: the A/B decode-rate ratio, the sidecar's estimated and measured
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.real_vllm.payoff import HEADER, measure_curve, payoff, servers, traffic_point
-from tests.real_vllm.server import ensure_model, ensure_venv
+from harness.real_vllm.payoff import HEADER, measure_curve, payoff, servers, traffic_point
+from harness.real_vllm.server import ensure_model, ensure_venv
 
 
 def main() -> int:

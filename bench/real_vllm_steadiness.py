@@ -29,9 +29,9 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.measure.scenarios import builtin
-from tests.ab_traffic import ROUTES
-from tests.helpers import free_port
-from tests.real_vllm.server import VllmServer, ensure_model, ensure_venv, start_all
+from harness.ab_traffic import ROUTES
+from harness.helpers import free_port
+from harness.real_vllm.server import VllmServer, ensure_model, ensure_venv, start_all
 
 CACHE = Path.home() / ".cache" / "specdec-real-vllm"
 GREEDY = ("--override-generation-config", json.dumps({"temperature": 0.0}))

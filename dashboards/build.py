@@ -1,6 +1,5 @@
 """Build the Grafana dashboards: JSON next to the sources, a check for CI, PNG previews.
-The command line is `specdec dashboards` (exporter/cli/generate.py), also run as
-`python -m dashboards.build`.
+The command line is `specdec dashboards` (exporter/cli/generate.py).
 
 The preview needs matplotlib (optional). It lays each panel out in its gridPos and plots its
 queries' live results with the dashboard variables substituted (`$job` and the other
@@ -11,7 +10,6 @@ the preview's range), so a reviewer without Grafana sees what users will see.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -87,9 +85,3 @@ def previews(
     now = time.time()
     for data in dashboards(mix).values():
         yield preview(data, prometheus, out, values, range_s, now)
-
-
-if __name__ == "__main__":  # `python -m dashboards.build` is `specdec dashboards`
-    from exporter.cli import main
-
-    sys.exit(main(["dashboards", *sys.argv[1:]]))

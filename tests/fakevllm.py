@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from exporter.core.counts import Counts
-from tests.helpers import FIXTURES
+from harness.helpers import FIXTURES
 
 BASE = "\n".join(
     line

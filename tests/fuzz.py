@@ -37,8 +37,8 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from exporter.sidecar import Sidecar
-from tests.rig import sidecar
-from tests.scripted import scripted
+from harness.rig import sidecar
+from harness.scripted import scripted
 
 OK_BODY = b'{"object":"list","data":[]}'
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (

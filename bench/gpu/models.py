@@ -1,5 +1,5 @@
 """The bench's models, written locally (no downloads): a memory-bound 7-8B target and a small
-draft of the same vocabulary, random f16 weights (tests/real_llamacpp/build_gguf.py), drawn on
+draft of the same vocabulary, random f16 weights (harness/real_llamacpp/build_gguf.py), drawn on
 the GPU with torch when it is there (~15 s for both), else with numpy. `tiny` writes CI's tiny
 model twice instead: the harness's logic on a machine without a GPU."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu.servers import Models
-from tests.real_llamacpp.build_gguf import DRAFT, TARGET, TINY, Fill, numpy_fill, write
+from harness.real_llamacpp.build_gguf import DRAFT, TARGET, TINY, Fill, numpy_fill, write
 
 
 def gpu_fill(scale: float = 0.02) -> Fill | None:

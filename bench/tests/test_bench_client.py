@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from tests.rig import simulator
-from tests.scripted import scripted
+from harness.rig import simulator
+from harness.scripted import scripted
 
 _spec = importlib.util.spec_from_file_location(
     "_stream_client", Path(__file__).resolve().parents[1] / "_stream_client.py"

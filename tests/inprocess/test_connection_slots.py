@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.rig import JA, sidecar, simulator
+from harness.rig import JA, sidecar, simulator
 
 SLOTS = 16
 REQUESTS = 20

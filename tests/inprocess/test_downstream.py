@@ -15,8 +15,8 @@ import pytest
 
 from exporter.proxy import reader as request_reader
 from exporter.proxy.request import quick
-from tests.rig import sidecar
-from tests.scripted import Respond, ok, scripted
+from harness.rig import sidecar
+from harness.scripted import Respond, ok, scripted
 
 SSE = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
 

@@ -9,8 +9,8 @@ import socket
 import aiohttp
 
 from exporter.proxy.forward import Proxy
-from tests.rig import sidecar
-from tests.scripted import scripted, streaming
+from harness.rig import sidecar
+from harness.scripted import scripted, streaming
 
 
 async def test_readiness_goes_false_before_the_listener_closes() -> None:

@@ -19,9 +19,9 @@ from exporter.core.counts import Counts, total
 from exporter.engines import ENGINES
 from exporter.engines.base import Role
 from exporter.scrape.families import read_page
-from tests.helpers import eventually, samples
+from harness.helpers import eventually, samples
+from harness.rig import sidecar, simulator
 from tests.inprocess.test_proxy_accounting import mixed_traffic, route_counts, truth
-from tests.rig import sidecar, simulator
 
 METRICS_PATH = {"trtllm": "/prometheus/metrics"}  # where each simulated dialect serves its page
 PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}  # route -> simulated profile

@@ -20,7 +20,10 @@ import aiohttp
 from exporter.core.counts import Counts, total
 from exporter.core.windows import parse_window
 from exporter.scrape.families import families, read_page
-from tests.helpers import eventually, samples
+from harness.helpers import eventually, samples
+from harness.rig import CODE as CODE_MESSAGES
+from harness.rig import sidecar, simulator
+from harness.scripted import Respond, ok, scripted
 from tests.inprocess.test_proxy_accounting import (
     apportioned,
     close,
@@ -29,9 +32,6 @@ from tests.inprocess.test_proxy_accounting import (
     route_counts,
     truth,
 )
-from tests.rig import CODE as CODE_MESSAGES
-from tests.rig import sidecar, simulator
-from tests.scripted import Respond, ok, scripted
 
 SOURCES = ("exact", "estimated")
 

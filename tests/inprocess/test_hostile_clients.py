@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from exporter.sidecar import Sidecar
-from tests.helpers import until
+from harness.helpers import until
+from harness.rig import sidecar
+from harness.scripted import Respond, ok, scripted
 from tests.inprocess.test_downstream import echo, response
-from tests.rig import sidecar
-from tests.scripted import Respond, ok, scripted
 
 KIB = 1024
 

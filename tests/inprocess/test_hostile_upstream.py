@@ -21,12 +21,12 @@ import aiohttp
 
 from exporter.proxy.upstream import Upstream
 from exporter.sidecar import Sidecar
-from tests.helpers import http_get, need_tool, until
+from harness.helpers import http_get, need_tool, until
+from harness.rig import sidecar
+from harness.scripted import Respond, ok, scripted
 from tests.inprocess.test_downstream import response
 from tests.inprocess.test_hostile_clients import connect
 from tests.receiver import Gather
-from tests.rig import sidecar
-from tests.scripted import Respond, ok, scripted
 
 CHAT = b"/v1/chat/completions"
 KIB = 1024

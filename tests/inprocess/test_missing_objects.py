@@ -8,9 +8,9 @@ import json
 
 import aiohttp
 
-from tests.helpers import eventually, samples
-from tests.rig import sidecar
-from tests.scripted import ok, scripted
+from harness.helpers import eventually, samples
+from harness.rig import sidecar
+from harness.scripted import ok, scripted
 
 GOOD = {
     "acceptance_histogram": [1, 0, 2, 1],

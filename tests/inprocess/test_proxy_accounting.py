@@ -13,8 +13,8 @@ import pytest
 from exporter.core.counts import Counts, ratios, total
 from exporter.scrape.families import families, read_page
 from exporter.sidecar import Sidecar
-from tests.helpers import eventually, need_tool, samples
-from tests.rig import CODE, JA, sidecar, simulator
+from harness.helpers import eventually, need_tool, samples
+from harness.rig import CODE, JA, sidecar, simulator
 
 
 async def mixed_traffic(

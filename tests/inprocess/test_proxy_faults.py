@@ -18,9 +18,9 @@ from exporter.export.route_collector import RouteCollector
 from exporter.proxy.accounting import Accounting
 from exporter.proxy.routes import Router
 from exporter.proxy.sse import StreamTap
-from tests.helpers import samples
-from tests.rig import sidecar
-from tests.scripted import scripted, sse_completion, streaming
+from harness.helpers import samples
+from harness.rig import sidecar
+from harness.scripted import scripted, sse_completion, streaming
 
 STREAMS, EVENTS = 200, 12
 TARGETS = {  # stage -> the method that raises on every third call

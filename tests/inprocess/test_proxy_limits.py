@@ -9,8 +9,8 @@ import json
 
 import aiohttp
 
-from tests.rig import sidecar
-from tests.scripted import scripted, sse_completion, streaming
+from harness.rig import sidecar
+from harness.scripted import scripted, sse_completion, streaming
 
 EVENTS = 30
 

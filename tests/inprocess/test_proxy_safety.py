@@ -14,8 +14,8 @@ import pytest
 import structlog
 
 from exporter.config import Route
-from tests.helpers import free_port
-from tests.rig import CODE, sidecar, simulator
+from harness.helpers import free_port
+from harness.rig import CODE, sidecar, simulator
 
 STREAM = {"messages": CODE, "stream": True, "max_tokens": 2000}
 

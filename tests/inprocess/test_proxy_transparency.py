@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.rig import CODE, JA, sidecar, simulator
+from harness.rig import CODE, JA, sidecar, simulator
 
 CASES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/chat/completions", {"messages": JA, "stream": True, "max_tokens": 30}),

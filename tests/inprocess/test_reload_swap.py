@@ -9,9 +9,9 @@ import dataclasses
 import json
 
 from exporter.config import Route
-from tests.helpers import until
-from tests.rig import sidecar
-from tests.scripted import ok, scripted
+from harness.helpers import until
+from harness.rig import sidecar
+from harness.scripted import ok, scripted
 
 ANSWER = json.dumps({
     "id": "chatcmpl-1", "object": "chat.completion", "model": "sim-27b",

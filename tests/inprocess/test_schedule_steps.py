@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from exporter.core.schedule import Schedule
-from tests.helpers import samples
-from tests.rig import CODE, JA, sidecar, simulator
+from harness.helpers import samples
+from harness.rig import CODE, JA, sidecar, simulator
 
 SCHEDULE = Schedule.parse([[1, 3, 3], [4, 15, 2], [16, 256, 0]])
 PROFILES = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}

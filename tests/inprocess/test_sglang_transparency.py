@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.rig import CODE, JA, sidecar, simulator
 from tests.inprocess.test_proxy_transparency import fetch
-from tests.rig import CODE, JA, sidecar, simulator
 
 FLAG = "return_spec_tokens_details"
 USAGE = {"stream_options": {"include_usage": True}}

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.rig import JA, simulator
+from harness.rig import JA, simulator
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SGLANG = json.loads((FIXTURES / "sglang-0.5.23-wire.json").read_text("utf-8"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import aiohttp
 
 from exporter.core.slices import BANDS
-from tests.helpers import eventually, samples
-from tests.rig import JA, sidecar, simulator
+from harness.helpers import eventually, samples
+from harness.rig import JA, sidecar, simulator
 
 CASES = [  # (extra body fields, its temperature band, its output band)
     ({}, "unset", "text"),

@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 
 from exporter.proxy.upstream import Upstream
-from tests.helpers import eventually
+from harness.helpers import eventually
+from harness.rig import sidecar
+from harness.scripted import ok, scripted
 from tests.receiver import Gather
-from tests.rig import sidecar
-from tests.scripted import ok, scripted
 
 
 async def test_one_connection_serves_request_after_request() -> None:

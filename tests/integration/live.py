@@ -38,7 +38,7 @@ from dashboards.live import (
 from dashboards.panels import JSON
 from dashboards.rules import RULES_DIR as SHIPPED_RULES_DIR
 from exporter.core.durations import parse_duration
-from tests.helpers import child, free_port, need_tool, wait_for
+from harness.helpers import child, free_port, need_tool, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / SHIPPED_RULES_DIR

@@ -1,5 +1,5 @@
 """SpecDecodeAcceptanceDrop as shipped, judged by promtool on traffic with realistic per-request
-spread (Beta, c = 15; tests/alert_traffic.py): 24 h steady at 0.71 never fires on a route at
+spread (Beta, c = 15; harness/alert_traffic.py): 24 h steady at 0.71 never fires on a route at
 24, 6, 1.5 or 0.5 requests a minute, and a step 0.71 -> 0.36 fires within 60 s at 24 requests a
 minute, 3 min at 6 and 15 min at 1.5 (promtool's ideal alignment: scrapes and evaluations at
 the same instants). bench/alert_quality.py measures more (other spreads, mixed routes, a live
@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.alert_traffic import RouteTraffic, Scenario, promtool_file, queries, run_promtool, step
-from tests.helpers import need_tool
+from harness.alert_traffic import RouteTraffic, Scenario, promtool_file, queries, run_promtool, step
+from harness.helpers import need_tool
 
 pytestmark = pytest.mark.promtool
 

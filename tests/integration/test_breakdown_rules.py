@@ -23,7 +23,7 @@ from exporter.core.windows import DEFAULT_WINDOWS, parse_window
 from exporter.engines import engine
 from exporter.export.route_collector import RouteCollector
 from exporter.proxy.accounting import Accounting, RequestOutcome
-from tests.helpers import need_tool
+from harness.helpers import need_tool
 
 pytestmark = pytest.mark.promtool
 

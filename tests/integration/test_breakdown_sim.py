@@ -23,8 +23,8 @@ from exporter.config import Breakdown, Config, ModelConfig, ProxyConfig, Route, 
 from exporter.core.windows import parse_window
 from exporter.sidecar import Sidecar
 from exporter.sim.profiles import Profile
-from tests.helpers import free_port, samples
-from tests.rig import CODE, simulator
+from harness.helpers import free_port, samples
+from harness.rig import CODE, simulator
 
 WINDOW, BASELINE = parse_window("3s"), parse_window("30s")
 BEFORE_SECONDS, AFTER_SECONDS = 29.0, 4.5

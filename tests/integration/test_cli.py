@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from exporter.core.counts import Counts
+from harness.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 from tests.fakevllm import FakeVllm, serve_fake
-from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
 
 
 def test_zero_config_serve(tmp_path: Path) -> None:

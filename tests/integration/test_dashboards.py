@@ -31,8 +31,8 @@ from dashboards.encode import (
 from dashboards.live import instant, panel_queries, range_query, resolve_variables, substitute
 from dashboards.mixin import DEFAULT
 from dashboards.queries import panel_queries as Q
+from harness.helpers import need_tool
 from tests.dashboards_ts import generate
-from tests.helpers import need_tool
 from tests.integration.live import (
     LEVELS,
     MODEL,
@@ -98,7 +98,7 @@ def npm_install() -> None:
 
 def test_committed_json_matches_the_sources() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "dashboards.build", "--check"],
+        [sys.executable, "-m", "exporter", "dashboards", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -241,7 +241,8 @@ def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None
         [
             sys.executable,
             "-m",
-            "dashboards.build",
+            "exporter",
+            "dashboards",
             "--preview",
             str(tmp_path),
             "--prometheus",

@@ -43,7 +43,7 @@ import yaml
 
 from dashboards import rules
 from exporter.config import load
-from tests.helpers import child, free_port, http_get, specdec, stop_group, wait_for
+from harness.helpers import child, free_port, http_get, specdec, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -763,7 +763,12 @@ def test_dockerignore_keeps_what_the_build_needs_and_nothing_else() -> None:
         *sources, _ = copy_args.split()
         for source in sources:
             assert in_context(source, patterns), f"COPY {source}: excluded by .dockerignore"
-    for excluded in ("tests/helpers.py", ".git/HEAD", "deploy/compose/docker-compose.yml"):
+    for excluded in (
+        "harness/helpers.py",
+        "tests/fuzz.py",
+        ".git/HEAD",
+        "deploy/compose/docker-compose.yml",
+    ):
         assert not in_context(excluded, patterns), excluded
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import child, free_port, http_get, specdec, wait_for
+from harness.helpers import child, free_port, http_get, specdec, wait_for
 
 LIMIT = 96  # descriptors the sidecar may open: ~40 at rest
 

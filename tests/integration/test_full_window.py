@@ -14,7 +14,7 @@ import yaml
 from dashboards import engine, payoff
 from dashboards.live import substitute
 from dashboards.queries import panel_queries as Q
-from tests.helpers import need_tool
+from harness.helpers import need_tool
 
 pytestmark = pytest.mark.promtool
 

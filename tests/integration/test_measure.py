@@ -14,7 +14,7 @@ import pytest
 
 from exporter.measure.scenarios import builtin
 from exporter.sim.steptime import MODEL as STEP_TIME
-from tests.helpers import child, free_port, http_get, scenario_pack, specdec, wait_for
+from harness.helpers import child, free_port, http_get, scenario_pack, specdec, wait_for
 
 SPEED = 1.0  # real time: wake-up latency on a busy machine stays small against a step
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from exporter.config import load
-from tests.helpers import child, free_port, http_get, scenario_pack, specdec, wait_for
+from harness.helpers import child, free_port, http_get, scenario_pack, specdec, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import yaml
 
 from dashboards import mixin
 from dashboards.build import dashboards
-from tests.helpers import need_tool
+from harness.helpers import need_tool
 from tests.integration.live import MODEL, REPO, Live, live_stack, panels_without_data
 
 pytestmark = pytest.mark.promtool

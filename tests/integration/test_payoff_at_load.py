@@ -37,8 +37,8 @@ from pathlib import Path
 import pytest
 
 from exporter.measure.scenarios import builtin
-from tests.ab_traffic import PROFILE, ROUTES, alternate, caps
-from tests.helpers import (
+from harness.ab_traffic import PROFILE, ROUTES, alternate, caps
+from harness.helpers import (
     child,
     free_port,
     http_get,

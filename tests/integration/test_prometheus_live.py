@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import specdec
+from harness.helpers import specdec
 from tests.integration.live import LEVELS, Live, post_json, recording_rule_names
 
 pytestmark = pytest.mark.promtool

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import child, free_port, need_tool, wait_for
+from harness.helpers import child, free_port, need_tool, wait_for
 
 pytestmark = pytest.mark.promtool
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers import free_port, samples, specdec
-from tests.scripted import scripted, sse_completion, streaming
+from harness.helpers import free_port, samples, specdec
+from harness.scripted import scripted, sse_completion, streaming
 
 EVENTS, DELAY = 20, 0.1  # each stream: ~2 s
 

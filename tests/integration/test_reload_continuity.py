@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.helpers import child, eventually, free_port, samples, specdec, value
+from harness.helpers import child, eventually, free_port, samples, specdec, value
 
 ROUTES = "    - {name: voice_chat, when: {header: {X-Route: voice}}}\n"
 NEW_ROUTE = "    - {name: coding_agent, when: {header: {X-Route: agent}}}\n"

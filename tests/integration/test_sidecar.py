@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporter.core.counts import Counts
+from harness.helpers import child, free_port, http_get, need_tool, samples, specdec, value, wait_for
 from tests.fakevllm import MODEL, FakeVllm, serve_fake
-from tests.helpers import child, free_port, http_get, need_tool, samples, specdec, value, wait_for
 
 STEP = Counts(10, 30, 12, (7, 4, 1))  # acceptance 0.4, tokens per step 2.2
 

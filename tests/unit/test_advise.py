@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 from exporter.cli.advise import Page, _ranges, advise, read_prometheus, to_text
-from tests.helpers import free_port, specdec
+from harness.helpers import free_port, specdec
 
 
 def page(with_curve: bool = True, with_routes: bool = True) -> Page:

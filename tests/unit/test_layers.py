@@ -52,19 +52,11 @@ def layer(module: str) -> str:
 
 
 def imports(path: Path) -> set[str]:
-    """exporter.* / dashboards.* modules imported anywhere in the file, except inside an
-    `if __name__ == "__main__":` block (an entry point may call the command line)."""
+    """exporter.* / dashboards.* modules imported anywhere in the file (an entry point's
+    `__main__` block too: no module calls the command line back)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "__main__" in ast.unparse(block.test)
-        for n in ast.walk(block)
-    }
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
         elif isinstance(node, ast.Import):

@@ -23,9 +23,9 @@ from typing import Any
 
 from exporter.measure.report import step_cost_line
 from exporter.measure.scenarios import builtin
-from tests.ab_traffic import ROUTES, Decoded, alternate, traffic
-from tests.helpers import child, free_port, http_get, samples, specdec, value, wait_for
-from tests.real_vllm.server import VllmServer, start_all
+from harness.ab_traffic import ROUTES, Decoded, alternate, traffic
+from harness.helpers import child, free_port, http_get, samples, specdec, value, wait_for
+from harness.real_vllm.server import VllmServer, start_all
 
 MODEL = "tiny"
 K = 3

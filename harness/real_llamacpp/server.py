@@ -10,6 +10,7 @@ vendors (the only llama.cpp a registry serves as source), a tiny GGUF written lo
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -18,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.real_vllm.server import LocalServer, _run_logged, _tail
+from harness.real_vllm.server import LocalServer, _run_logged, _tail
 
 SDIST = "llama-cpp-python==0.3.36"
 HERE = Path(__file__).resolve().parent
@@ -32,6 +33,14 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
+
+
+def cache_dir() -> Path:
+    """Where the build and the model are kept between runs ($SPECDEC_LLAMACPP_CACHE, else
+    ~/.cache/specdec-llamacpp)."""
+    return Path(
+        os.environ.get("SPECDEC_LLAMACPP_CACHE") or Path.home() / ".cache" / "specdec-llamacpp"
+    )
 
 
 def ensure_server(cache_dir: Path) -> tuple[Path, Path]:

@@ -15,7 +15,7 @@ from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app
-from tests.helpers import free_port
+from harness.helpers import free_port
 
 ROUTES = (
     Route("voice_chat", headers=(("x-route", "voice"),)),

@@ -4,7 +4,7 @@ tiny one CI's tests serve, and (`write` with a shape) the GPU bench's 7-8B targe
 (f16, each distinct matrix shape drawn once and shared by every layer: the values do not
 matter, only the bytes a step reads).
 
-Why not convert_hf_to_gguf.py: it refuses the tiny HF model of tests/real_vllm ("BPE
+Why not convert_hf_to_gguf.py: it refuses the tiny HF model of harness/real_vllm ("BPE
 pre-tokenizer was not recognized"); the output's text is meaningless anyway, only the server's
 counters, per-request timings and step times matter here.
 
