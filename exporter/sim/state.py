@@ -21,7 +21,7 @@ FAULTS = ("slow_metrics", "http_500", "malformed_metrics", "spec_off", "drop_con
 class SimState:
     engine: SimEngine
     per_request: str = "summary"
-    dialect: str = "vllm"  # whose wire shapes and metrics page: an engine kind
+    kind: str = "vllm"  # whose wire shapes and metrics page: an engine kind
     faults: dict[str, float] = field(default_factory=dict)  # name -> value (seconds, chunks)
     ids: itertools.count[int] = field(default_factory=itertools.count)
     clock: Callable[[], float] = time.time  # `created` stamps; tests fix it for byte equality

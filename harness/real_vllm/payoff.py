@@ -2,7 +2,7 @@
 measurement on two real servers of the tiny model (n-gram k = 3, and the same model plain).
 
 `specdec measure --concurrency` against both gives the step-time curve, on the routes' own
-prompts and caps (`tests/ab_traffic.ROUTES`); `specdec serve` with it fronts the speculative
+prompts and caps (`harness/ab_traffic.ROUTES`); `specdec serve` with it fronts the speculative
 server (two routes by header). At each level the same closed-loop traffic runs through the
 proxy and against the plain server, alternating spec, plain, spec, plain (a 2-core machine's
 load drifts); the sidecar's window covers both speculative phases. Shared by

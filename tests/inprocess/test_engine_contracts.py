@@ -1,12 +1,12 @@
 """Every engine in the registry (`exporter.engines.ENGINES`) through the same contracts: the
-simulator in its dialect, 200 mixed requests of two routes through the proxy, then
+simulator speaking its kind, 200 mixed requests of two routes through the proxy, then
 
 - scrape: the sidecar exports the engine's verify steps as its own page states them;
 - proxy: every request is accounted, and the routes' steps add up to the engine's;
 - per request: each count the engine states exactly (`Engine.exact_per_request`) is each
   route's own, equal to the simulator's truth for its profile.
 
-A new engine module joins these by being in the registry (and the simulator's dialects)."""
+A new engine module joins these by being in the registry (and exporter/sim/dialects.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from harness.helpers import eventually, samples
 from harness.rig import sidecar, simulator
 from tests.inprocess.test_proxy_accounting import mixed_traffic, route_counts, truth
 
-METRICS_PATH = {"trtllm": "/prometheus/metrics"}  # where each simulated dialect serves its page
+METRICS_PATH = {"trtllm": "/prometheus/metrics"}  # where each simulated kind serves its page
 PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}  # route -> simulated profile
 FIELD = {
     Role.DRAFTS: "drafts",
@@ -43,7 +43,7 @@ async def test_every_engine_meets_the_scrape_and_proxy_contracts(kind: str) -> N
     engine = ENGINES[kind]
     path = METRICS_PATH.get(kind, "/metrics")
     async with (
-        simulator(dialect=kind) as (_, upstream),
+        simulator(kind=kind) as (_, upstream),
         sidecar(upstream, kind=kind, path=path) as (side, proxy, metrics),
     ):
         await mixed_traffic(proxy, seed=5)

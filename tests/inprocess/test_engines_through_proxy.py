@@ -1,4 +1,4 @@
-"""Per-route payoff on engines beyond vLLM: the simulator in each engine's dialect, 200 mixed
+"""Per-route payoff on engines beyond vLLM: the simulator speaking each engine's kind, 200 mixed
 concurrent requests of two routes through the proxy, and the routes' counts summed against
 the engine's own counters (where it has them) and the simulator's truth.
 
@@ -47,7 +47,7 @@ def value(found: dict[Any, float], name: str) -> float:
 
 async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
     async with (
-        simulator(dialect="sglang") as (_, upstream),
+        simulator(kind="sglang") as (_, upstream),
         sidecar(upstream, kind="sglang", windows=(parse_window("20s"),)) as (side, proxy, metrics),
     ):
         # placing, not waiting: the traffic begins 5 s into the sidecar's first 20 s, so the
@@ -89,7 +89,7 @@ async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
 
 async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_server() -> None:
     async with (
-        simulator(dialect="llamacpp") as (_, upstream),
+        simulator(kind="llamacpp") as (_, upstream),
         sidecar(upstream, kind="llamacpp") as (_, proxy, metrics),
     ):
         await mixed_traffic(proxy, seed=5)
@@ -125,7 +125,7 @@ async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_s
 
 async def test_trtllm_estimates_sum_to_its_counters() -> None:
     async with (
-        simulator(dialect="trtllm") as (_, upstream),
+        simulator(kind="trtllm") as (_, upstream),
         sidecar(upstream, kind="trtllm", path="/prometheus/metrics") as (_, proxy, metrics),
     ):
         await mixed_traffic(proxy, seed=5)

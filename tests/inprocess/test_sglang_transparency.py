@@ -1,7 +1,7 @@
 """Through the proxy, an SGLang client gets the bytes SGLang would have sent it, whether or not
 it asked for `return_spec_tokens_details` or usage itself; and every completion is accounted.
 
-Two identical, seeded SGLang-dialect simulators with a frozen clock: one answers directly, the
+Two identical, seeded simulators speaking SGLang with a frozen clock: one answers directly, the
 other through the proxy, which adds the flag (and include_usage) and removes what they add.
 """
 
@@ -40,8 +40,8 @@ CASES = [
 async def test_every_byte_is_what_sglang_sent(round_: int) -> None:
     frozen = lambda: 1_800_000_000.0  # noqa: E731
     async with (
-        simulator(clock=frozen, dialect="sglang", seed=round_) as (_, direct),
-        simulator(clock=frozen, dialect="sglang", seed=round_) as (_, upstream),
+        simulator(clock=frozen, kind="sglang", seed=round_) as (_, direct),
+        simulator(clock=frozen, kind="sglang", seed=round_) as (_, upstream),
         sidecar(upstream, engine="sglang") as (side, proxy, _),
         aiohttp.ClientSession() as session,
     ):

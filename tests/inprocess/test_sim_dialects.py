@@ -6,6 +6,7 @@ SGLang's own serializers); the llama.cpp metrics page has the real one's names, 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def recorded_events(name: str) -> list[Any]:
 
 async def test_llamacpp_events_and_responses_have_the_real_servers_shapes() -> None:
     chat = {"messages": JA, "max_tokens": 24}
-    async with simulator(dialect="llamacpp") as (_, base):
+    async with simulator(kind="llamacpp") as (_, base):
         stream = events(await post(base, "/v1/chat/completions", chat | {"stream": True}))
         usage = events(
             await post(
@@ -74,13 +75,32 @@ async def test_llamacpp_events_and_responses_have_the_real_servers_shapes() -> N
     assert shape(text_whole) == shape(recorded)
 
 
+async def test_llamacpp_timings_are_the_time_the_request_spent() -> None:
+    """A user timing the simulator reads its timings as a real server's: the decode's time grows
+    with the tokens decoded, never exceeds the request's own wall time, and its rate agrees."""
+    timings, walls = {}, {}
+    async with simulator(kind="llamacpp", speed=50) as (_, base):
+        for tokens in (8, 160):
+            body = {"prompt": "def f():", "max_tokens": tokens, "ignore_eos": True}
+            started = time.monotonic()
+            timings[tokens] = json.loads(await post(base, "/v1/completions", body))["timings"]
+            walls[tokens] = 1000.0 * (time.monotonic() - started)
+    short, long = timings[8], timings[160]
+    assert long["predicted_n"] == 160 and short["predicted_n"] == 8
+    assert long["predicted_ms"] > 4 * short["predicted_ms"] > 0
+    for tokens, found in timings.items():
+        assert found["prompt_ms"] + found["predicted_ms"] <= walls[tokens]
+        rate = 1000.0 * tokens / found["predicted_ms"]
+        assert found["predicted_per_second"] == pytest.approx(rate)
+
+
 async def test_the_llamacpp_page_has_the_real_servers_names_help_and_types() -> None:
     real = {
         line
         for line in (FIXTURES / "real-llamacpp.prom").read_text().splitlines()
         if line.startswith("#")
     }
-    async with simulator(dialect="llamacpp") as (_, base):
+    async with simulator(kind="llamacpp") as (_, base):
         await post(base, "/v1/completions", {"prompt": "x", "max_tokens": 30})
         async with aiohttp.ClientSession() as session, session.get(base + "/metrics") as resp:
             page = await resp.text()
@@ -95,7 +115,7 @@ async def test_sglang_events_and_responses_have_its_serializers_shapes(chat: boo
     body: dict[str, Any] = {"messages": JA} if chat else {"prompt": "def f():"}
     # chat: as recorded, ends on a stop token (matched_stop a number); completions: max_tokens
     body |= {"return_spec_tokens_details": True} | ({} if chat else {"max_tokens": 30})
-    async with simulator(dialect="sglang") as (_, base):
+    async with simulator(kind="sglang") as (_, base):
         stream = events(
             await post(
                 base, path, body | {"stream": True, "stream_options": {"include_usage": True}}

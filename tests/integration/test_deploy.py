@@ -897,7 +897,7 @@ def measure(engines: int, routes: int, tmp: Path, expected: int | None) -> colle
         + "".join(f"    - {{name: {n}, when: {{header: {{X-Route: {n}}}}}}}\n" for n in names)
         + MODEL_BLOCK
     )
-    sim_args = ["sim", "--listen", f"127.0.0.1:{sim}", "--engines", str(engines)]
+    sim_args = ["sim", "--listen", f"127.0.0.1:{sim}", "--data-parallel-size", str(engines)]
     with (
         child(specdec(*sim_args, "--speed", "50"), tmp / "sim.log"),
         child(specdec("serve", "--config", str(config)), tmp / "serve.log"),

@@ -1,8 +1,8 @@
-"""`specdec measure` against llama.cpp's dialect of the simulator (its `llamacpp:` page, its
-timings, no per-request object): the engine is recognised from the page, the step-time curve
-is measured on its batch gauge with decode steps from each request's accepted drafts, the
-acceptance equals the simulator's truth, and the printed `models:` block loads as printed.
-The same path against a real llama-server: tests/integration/test_real_llamacpp.py."""
+"""`specdec measure` against the simulator speaking llama.cpp (`--engine llamacpp`: its `llamacpp:`
+page, its timings, no per-request object): the engine is recognised from the page, the step-time
+curve is measured on its batch gauge with decode steps from each request's accepted drafts, the
+acceptance equals the simulator's truth, and the printed `models:` block loads as printed. The
+same path against a real llama-server: tests/integration/test_real_llamacpp.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from harness.helpers import child, free_port, http_get, scenario_pack, specdec, 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """llama.cpp-dialect simulators: a speculative one and a plain one."""
+    """simulators speaking llama.cpp: a speculative one and a plain one."""
     logs = tmp_path_factory.mktemp("llamacpp-sims")
     spec, plain = free_port(), free_port()
     common = ("--engine", "llamacpp", "--speed", "4")
