@@ -301,8 +301,9 @@ def speedup_by_batch() -> Any:
         "line (its `models:` step_time, from specdec measure --concurrency) to other batch "
         "sizes: x (plain / verify step at that batch) / (plain / verify step at the batch now). "
         "'Running now' is the batch the engine's requests saw: the current operating point; "
-        "its column equals the estimate. Assumes the route's steps grow with the batch as the "
-        "model's verify steps do and its acceptance stays as it is.",
+        "its column equals the estimate. A column past the largest batch the curve was measured "
+        "at stays empty (measure --concurrency higher to fill it). Assumes the route's steps "
+        "grow with the batch as the model's verify steps do and its acceptance stays as it is.",
         [
             ("", Q.route_batch_now()),
             *(("", Q.route_speedup_at_batch(b)) for b in BATCHES),

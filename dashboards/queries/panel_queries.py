@@ -140,11 +140,19 @@ def _cost_on_the_line(batch: str) -> str:
 
 def route_speedup_at_batch(running: int) -> str:
     """The route's load-aware speedup now, moved along the model's step-time line to `running`
-    requests: x cost(running) / cost(the batch now). At the batch now it is the estimate."""
+    requests: x cost(running) / cost(the batch now). At the batch now it is the estimate; past
+    the batch the curve was measured at (rounded, as `specdec advise` reads it), nothing."""
     now = spec.batch(RATE, RAW_MODEL)
     cost_now = _cost_on_the_line(f"on (model_name) ({now})")
     moved = f"({_cost_on_the_line(str(running))}\n/ on (model_name)\n{cost_now})"
-    return f"{route_rule('estimated_speedup', 'ratio_rate5m')}\n* on (model_name) group_left ()\n{moved}"
+    measured = (
+        f"max by (model_name) (specdec_model_step_curve_max_running_requests{{{RAW_MODEL}}})"
+        f" >= {running - 0.5}"
+    )
+    return (
+        f"{route_rule('estimated_speedup', 'ratio_rate5m')}\n* on (model_name) group_left ()\n"
+        f"{moved}\nand on (model_name)\n({measured})"
+    )
 
 
 def route_batch_now() -> str:

@@ -86,7 +86,8 @@ class Page:
 
 # The families advise reads, as one selector for Prometheus.
 FAMILIES = (
-    "specdec_model_(plain|verify)_step_.*|specdec_position_acceptance_ratio"
+    "specdec_model_(plain|verify)_step_.*|specdec_model_step_curve_max_running_requests"
+    "|specdec_position_acceptance_ratio"
     "|specdec_route_(estimated_speedup|speedup|speedup_at_draft_length)_ratio"
     "|specdec_route_speedup_at_draft_length_ci_halfwidth|specdec_route_best_draft_length"
 )
@@ -225,7 +226,9 @@ def _routes(page: Page, window: str) -> list[dict[str, Any]]:
 
 def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
     """The k per batch size for the model's mix: the engine's P(more than i accepted) over the
-    window and the step-time line at each batch (itl: a step's seconds at k' drafts)."""
+    window and the step-time line at each batch (itl: a step's seconds at k' drafts), up to
+    the largest batch the curve was measured at: past it the line is a guess, so the advice
+    stops there and says so."""
 
     def one(name: str) -> float | None:
         found = page.get(name, model_name=model)
@@ -247,11 +250,16 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
     )
     if plain0 is None or plain1 is None or verify0 is None or verify1 is None or not positions:
         return {"error": f"no per-position acceptance over {window} or no verify-step line"}
+    measured = one("specdec_model_step_curve_max_running_requests")
+    if measured is None:
+        return {"error": "the sidecar does not say how far its step-time curve was measured"}
+    last = max(1, round(measured))  # a mean batch: 7.98 at concurrency 8
+    batches = sorted({b for b in BATCHES if b < last} | {last})
     per_position = tuple(v for _, v in positions)
     k = len(per_position)
     seconds: dict[int, dict[int, float]] = {}
     best_k: dict[int, int] = {}
-    for b in BATCHES:
+    for b in batches:
         plain, verify = plain0 + plain1 * b, verify0 + verify1 * b
         costs = linear_costs(plain, verify, k, k)
         options = speedups_by_draft_length(per_position, 1.0, costs, 0.0)
@@ -260,6 +268,7 @@ def _schedule(page: Page, model: str, window: str) -> dict[str, Any]:
         best_k[b] = chosen.draft_length if chosen else k
     advised = _ranges(best_k)
     return {
+        "measured_up_to_running": last,
         "speculative_config": {
             "num_speculative_tokens": k,
             "num_speculative_tokens_per_batch_size": advised,
@@ -285,9 +294,8 @@ def _configured(page: Page, model: str, advised: list[list[int]]) -> dict[str, A
     except BadSchedule:
         return None
     wanted = Schedule.parse(advised)
-    differ = [
-        b for b in range(1, BATCHES[-1] + 1) if configured.draft_length(b) != wanted.draft_length(b)
-    ]
+    last = advised[-1][1]
+    differ = [b for b in range(1, last + 1) if configured.draft_length(b) != wanted.draft_length(b)]
     return {"num_speculative_tokens_per_batch_size": ranges, "matches": not differ,
             "first_batch_differing": differ[0] if differ else None}  # fmt: skip
 
@@ -338,9 +346,14 @@ def to_text(advice: dict[str, Any]) -> str:
         config = sched["speculative_config"]
         for start, end, k in config["num_speculative_tokens_per_batch_size"]:
             lines.append(f"  running {start}-{end}: k = {k}")
+        last = sched["measured_up_to_running"]
         lines.append(
-            "  merge into vLLM's --speculative-config (as vLLM 0.32 reads it; the last k "
-            "holds above the last range; ignored with data parallel > 1):"
+            f"  running above {last}: not advised (the step-time curve was measured up to "
+            f"{last} running; measure --concurrency up to the engine's max_num_seqs first)"
+        )
+        lines.append(
+            "  merge into vLLM's --speculative-config (as vLLM 0.32 reads it; it holds the last "
+            f"k above {last}; ignored with data parallel > 1):"
         )
         lines.append("  " + json.dumps(config))
         mine = sched.get("configured")

@@ -8,7 +8,15 @@ from dataclasses import replace
 
 from exporter import logs
 from exporter.cli.common import EXIT_USAGE, AddVerb, duration
-from exporter.config import DEFAULT_INTERVAL, DEFAULT_LISTEN, Config, ConfigError, from_flags, load
+from exporter.config import (
+    DEFAULT_INTERVAL,
+    DEFAULT_LISTEN,
+    Config,
+    ConfigError,
+    ModelConfig,
+    from_flags,
+    load,
+)
 from exporter.config.nodes import Reader
 from exporter.process import AddressInUse, check_free
 
@@ -62,6 +70,12 @@ def register(add_verb: AddVerb) -> None:
         help="a rolling window such as 1m, 5m, 15m (repeatable; default 1m, 5m and 15m)",
     )
     p.add_argument(
+        "--check",
+        action="store_true",
+        help="read the config and flags, print what would be served and exit 0 (2 with the "
+        "errors); starts nothing, so it may run beside the live sidecar",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -78,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         for message in exc.messages:
             print(f"specdec serve: config error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    if args.check:
+        print(f"specdec serve: {summary(config)}")
+        return 0
     try:
         check_free(_addresses(args, config))
     except AddressInUse as exc:
@@ -87,6 +104,28 @@ def run(args: argparse.Namespace) -> int:
 
     serve(config, lambda: _serve_config(args))  # SIGHUP: read again, with the same flags
     return 0
+
+
+def summary(config: Config) -> str:
+    """What a config serves, in one line: what `--check` prints."""
+    host, port = config.listen
+    parts = [f"metrics on {host}:{port}", f"{len(config.targets)} target(s)"]
+    if config.proxy is not None:
+        routes = ", ".join(r.name for r in config.proxy.routes) or "none"
+        phost, pport = config.proxy.listen
+        parts.append(f"proxy on {phost}:{pport} to {config.proxy.upstream} (routes: {routes}; "
+                     f"else {config.proxy.default_route})")  # fmt: skip
+    models = [f"{m.name} ({_payoff_basis(m)})" for m in config.models]
+    parts.append(f"models: {', '.join(models)}" if models else "no models: (no payoff figures)")
+    return "config OK: " + "; ".join(parts)
+
+
+def _payoff_basis(model: ModelConfig) -> str:
+    if model.step_time:
+        return f"step_time measured to {max(p.running for p in model.step_time):g} running"
+    if model.plain_decode_tokens_per_second:
+        return "the single-stream point: load-blind"
+    return "no plain rate: no speedup figures"
 
 
 def _addresses(args: argparse.Namespace, config: Config) -> list[tuple[str, int, str]]:

@@ -55,6 +55,12 @@ class ModelCollector(FamiliesCollector):
             )
             for kind in ("plain", "verify")
         }
+        measured = GaugeMetricFamily(
+            "specdec_model_step_curve_max_running_requests",
+            "The largest batch (running requests) the model's step_time curve was measured at: "
+            "the curve is flat beyond it, and `specdec advise` advises nothing there.",
+            labels=["model_name"],
+        )
         schedule = GaugeMetricFamily(
             "specdec_model_schedule_range_draft_length",
             "The draft length the model's configured draft_length_schedule (vLLM's "
@@ -67,6 +73,8 @@ class ModelCollector(FamiliesCollector):
                 for first, last, k in m.draft_length_schedule.ranges:
                     schedule.add_metric([name, str(first), str(last)], float(k))
             curve = m.curve
+            if curve is not None:
+                measured.add_metric([name], max(p.running for p in curve.points))
             for kind, (base, slope) in fits.items():
                 line = None if curve is None else curve.fit(verify=kind == "verify")
                 if line is not None:
@@ -81,6 +89,6 @@ class ModelCollector(FamiliesCollector):
                 ceiling.add_metric(
                     [name], decode_ceiling(m.memory_bandwidth_bytes_per_second, m.bytes_per_token)
                 )
-        yield from (step_cost, drafts_per_step, breakeven, ceiling, schedule)
+        yield from (step_cost, drafts_per_step, breakeven, ceiling, schedule, measured)
         for base, slope in fits.values():
             yield from (base, slope)

@@ -13,7 +13,7 @@ from exporter.cli.advise import Page, _ranges, advise, read_prometheus, to_text
 from harness.helpers import free_port, specdec
 
 
-def page(with_curve: bool = True, with_routes: bool = True) -> Page:
+def page(with_curve: bool = True, with_routes: bool = True, measured_to: float = 256) -> Page:
     p = Page()
 
     def add(name: str, value: float, **labels: str) -> None:
@@ -24,6 +24,7 @@ def page(with_curve: bool = True, with_routes: bool = True) -> Page:
         add("specdec_model_plain_step_seconds_per_running_request", 0.02 / 72, model_name="m")
         add("specdec_model_verify_step_base_seconds", 1.67 / 72, model_name="m")
         add("specdec_model_verify_step_seconds_per_running_request", 0.11 / 72, model_name="m")
+        add("specdec_model_step_curve_max_running_requests", measured_to, model_name="m")
     for i, v in enumerate((0.75, 0.52, 0.32)):  # P(more than i drafts accepted), the mix
         add("specdec_position_acceptance_ratio", v, model_name="m", engine="all", window="5m",
             position=str(i), target="t")  # fmt: skip
@@ -55,6 +56,26 @@ def test_the_advice_per_route_and_the_schedule() -> None:
     assert ks[0] >= 2 and ks[-1] == 0
     seconds = schedule["step_seconds_by_batch"]
     assert seconds[1][0] == 0.98 / 72 + 0.02 / 72 and seconds[1][3] == 1.67 / 72 + 0.11 / 72
+
+
+def test_nothing_is_advised_past_the_batch_the_curve_was_measured_at() -> None:
+    """A curve measured to 7.98 running requests (concurrency 8): the schedule stops at 8 and
+    the text says why, instead of reading a straight line out to 256."""
+    advice, problem = advise(page(measured_to=7.98), "5m")
+    assert problem is None
+    schedule = advice["dynamic_speculative_decoding"]["m"]
+    assert schedule["measured_up_to_running"] == 8
+    ranges = schedule["speculative_config"]["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 8
+    assert max(schedule["step_seconds_by_batch"]) == 8
+    text = to_text(advice)
+    assert "running above 8: not advised" in text
+    assert not any(f"-{b}: k" in text for b in (15, 63, 255, 256))
+    whole = advise(page(), "5m")[0]["dynamic_speculative_decoding"]["m"]
+    assert whole["speculative_config"]["num_speculative_tokens_per_batch_size"][-1][1] == 256
+    unsaid = page()
+    del unsaid.samples["specdec_model_step_curve_max_running_requests"]
+    assert "how far" in advise(unsaid, "5m")[0]["dynamic_speculative_decoding"]["m"]["error"]
 
 
 def test_advise_says_whether_the_configured_schedule_matches() -> None:
