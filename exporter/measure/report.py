@@ -152,9 +152,24 @@ def _scenario_rows(
     return table
 
 
+SHARED_MARGIN = 0.05  # the engine's draft tokens past the requests' own: other traffic
+
+
 def _caveats(rows: list[Row]) -> list[str]:
-    """What the table cannot say: an interrupted run, an engine without the counters."""
+    """What the table cannot say: an interrupted run, an engine without the counters, an
+    engine that served other traffic meanwhile (its /metrics delta is not measure's alone)."""
     out = []
+    for r in rows:
+        engine, own = r.get("draft_tokens"), r.get("per_request_draft_tokens")
+        if engine is None or not own or r.get("interrupted"):
+            continue
+        if engine > own * (1 + SHARED_MARGIN):
+            out.append(
+                f"\n{r['name']}: the engine drafted {engine:.0f} tokens over the scenario, its "
+                f"requests {own:.0f} (+{engine / own - 1:.0%}): other traffic shared the "
+                "engine, so the /metrics acceptance and the engine's batch include it (the "
+                "per-request column is measure's own); measure on an idle engine"
+            )
     if any(r.get("interrupted") for r in rows):
         out.append(
             "\ninterrupted before the engine's counters were read again: acceptance from "

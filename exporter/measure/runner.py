@@ -79,6 +79,11 @@ class ScenarioResult:
             "draft_length": draft_length(e) if e else None,
             "acceptance_rate": ratios(e).acceptance if e else None,
             "per_request_acceptance_rate": ratios(p).acceptance if p else None,
+            # every request's own draft tokens, where each sent them and none failed: against
+            # the engine's delta, what tells whether other traffic shared the engine meanwhile
+            "per_request_draft_tokens": p.draft_tokens
+            if p and not self.failures and all(r.counts is not None for r in self.requests)
+            else None,
             "mean_acceptance_length": ratios(e).mean_acceptance_length if e else None,
             "interrupted": self.interrupted,
         }

@@ -7,6 +7,8 @@ import json
 import re
 import signal
 import subprocess
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +82,7 @@ def test_measure_matches_truth_and_timing_model(sims: tuple[str, str], tmp_path:
         proposed = after[name]["draft_tokens"] - before.get(name, {}).get("draft_tokens", 0)
         assert (row["accepted_tokens"], row["draft_tokens"]) == (accepted, proposed)  # exactly
         assert row["acceptance_rate"] == row["per_request_acceptance_rate"] == accepted / proposed
+        assert row["per_request_draft_tokens"] == row["draft_tokens"]  # an idle engine: its own
         assert row["requests"] == 6 and row["ttft_ms_median"] > 0
     comparison = {c["name"]: c for c in doc["baseline"]["comparison"]}
     for row in doc["scenarios"]:
@@ -89,6 +92,38 @@ def test_measure_matches_truth_and_timing_model(sims: tuple[str, str], tmp_path:
         assert c["step_cost_ratio"] == pytest.approx(expected_cost, rel=0.10), (row["name"], c)
         assert c["breakeven_acceptance_rate"] == pytest.approx((expected_cost - 1) / 3, rel=0.25)
     assert doc["roofline"]["ceiling_tokens_per_second"] == pytest.approx(85.0)
+
+
+def test_other_traffic_on_the_engine_is_said(sims: tuple[str, str], tmp_path: Path) -> None:
+    """Another client sending straight to the engine while measure runs: the engine drafted
+    more than measure's requests did, and the table says so (the idle run above: equal)."""
+    spec, _ = sims
+    stop = threading.Event()
+    body = json.dumps({"messages": [{"role": "user", "content": "def merge(a, b):"}],
+                       "max_tokens": 60}).encode()  # fmt: skip
+
+    def other_client() -> None:
+        while not stop.is_set():
+            request = urllib.request.Request(
+                spec + "/v1/chat/completions", body, {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                resp.read()
+
+    threads = [threading.Thread(target=other_client, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        args = ["measure", "--base-url", spec, "--scenario-file", str(scenario_pack(tmp_path, 3))]
+        out = subprocess.run(specdec(*args), capture_output=True, text=True, timeout=300)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert out.returncode == 0, out.stderr
+    said = re.findall(r"^(\w+): the engine drafted \d+ tokens over the scenario", out.stdout, re.M)
+    assert set(said) == {"ja_chat", "code_agent"}, out.stdout
+    assert "other traffic shared the engine" in out.stdout
 
 
 def test_table_and_models_block(sims: tuple[str, str], tmp_path: Path) -> None:

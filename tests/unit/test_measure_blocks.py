@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporter.config import load
-from exporter.measure.report import curve_table
+from exporter.measure.report import _caveats, curve_table
 
 
 @pytest.mark.parametrize("verify", [0.0093, 0.0059])  # dearer than the plain step, and cheaper
@@ -30,3 +30,21 @@ def test_the_curve_block_loads_as_printed(tmp_path: Path, verify: float) -> None
     assert model.name == "tiny" and len(model.step_time) == 2
     assert model.step_cost_ratio == max(1.0, round(verify / 0.0061, 2))
     assert ("# measured 0.97" in block) == (verify < 0.0061)
+
+
+def _row(draft_tokens: float | None, own: float | None) -> dict[str, object]:
+    return {"name": "ja_chat", "drafts": 100.0, "draft_tokens": draft_tokens,
+            "per_request_draft_tokens": own, "interrupted": False}  # fmt: skip
+
+
+def test_other_traffic_on_the_engine_is_said() -> None:
+    """The engine's /metrics delta past the requests' own draft tokens means other traffic
+    shared the engine: measure says so, by scenario; equal (an idle engine) it says nothing."""
+    shared = "\n".join(_caveats([_row(1300.0, 1000.0)]))
+    assert (
+        "ja_chat: the engine drafted 1300 tokens over the scenario, its requests 1000 (+30%)"
+        in (shared)
+    )
+    assert "other traffic shared the engine" in shared
+    for quiet in (_row(1000.0, 1000.0), _row(1040.0, 1000.0), _row(1300.0, None), _row(None, 9.0)):
+        assert not any("other traffic" in line for line in _caveats([quiet]))
