@@ -168,6 +168,7 @@ def panels() -> list[tuple[int, list[Any]]]:
         min_value=0,
         thresholds=steps(TRANSPARENT, (1.0, BLUE)),
         threshold_style="dashed",
+        no_value="No roofline in the models config, or no traffic",
     )
     tokens = timeseries(
         "Tokens per step vs the k+1 ceiling",

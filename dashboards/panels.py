@@ -24,13 +24,12 @@ JSON = dict[str, Any]
 DATASOURCE: JSON = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 36  # 37+ would need what its migrations add: showLegend, table cellOptions
 NO_TRAFFIC = "No traffic"
-NO_FULL_WINDOW = "No traffic over a full window"  # panels whose figures wait for a full window
 
 
 def no_value_for(queries: Sequence[tuple[str, str]]) -> str:
-    """What an empty panel says: a panel of full-window figures (an `offset` history guard, see
-    dashboards/queries/panel_queries.py) is also empty while its routes or engines are young, and
-    says how much history it waits for."""
+    """What an empty panel says, short enough for a stat panel or a table cell: a panel of
+    full-window figures (an `offset` history guard, see dashboards/queries/panel_queries.py) is
+    also empty while traffic flows, until its routes or engines have the window's history."""
     windows = sorted(
         {
             w
@@ -42,7 +41,7 @@ def no_value_for(queries: Sequence[tuple[str, str]]) -> str:
     )
     if not windows:
         return NO_TRAFFIC
-    return f"{NO_FULL_WINDOW}: a series shows once it has {windows[-1]} of history"
+    return f"No full {windows[-1]} of data yet"
 
 
 # units (Grafana unit ids; "suffix:" is Grafana's custom-unit syntax)

@@ -13,7 +13,9 @@ import errno
 import signal
 import socket
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -64,22 +66,24 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run_until_stopped(
-    main: Callable[[], Coroutine[Any, Any, None]], signals: Sequence[signal.Signals] = STOP_SIGNALS
-) -> None:
-    """Run `main()` until it returns or one of `signals` arrives; then it is cancelled, so its
-    `finally` blocks stop servers, end children and remove temp files before this returns."""
+    main: Callable[[], Coroutine[Any, Any, T]], signals: Sequence[signal.Signals] = STOP_SIGNALS
+) -> T | None:
+    """Run `main()` until it returns (its result) or one of `signals` arrives; then it is
+    cancelled (None), so its `finally` blocks stop servers, end children and remove temp files
+    before this returns."""
 
-    async def guarded() -> None:
+    async def guarded() -> T | None:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
         for sig in signals:
             loop.add_signal_handler(sig, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await main()
+            return await main()
+        return None
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(guarded())
+        return runner.run(guarded())
 
 
 def graceful(

@@ -42,6 +42,7 @@ LANDING = """<!doctype html><html><head><title>specdec</title></head><body>
 <li><a href="-/ready">/-/ready</a></li></ul>
 <h2>Targets</h2><ul>{targets}</ul>{proxy}</body></html>"""
 TICK_SECONDS = 1.0
+EXIT_CUT_SHORT = 1  # a second stop signal cut the drain short: requests were cut
 
 
 class NeedsRestart(Exception):
@@ -262,9 +263,10 @@ def _address(listen: tuple[str, int]) -> str:
     return f"{listen[0]}:{listen[1]}"
 
 
-async def run(config: Config, reload: Callable[[], Config] | None = None) -> None:
-    """Serve until a stop signal, then drain and stop; on SIGHUP apply `reload()` (a config
-    read anew). Whatever started is stopped again, also when starting fails half-way."""
+async def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
+    """Serve until a stop signal, then drain and stop (0; 1 where a second signal cut the
+    drain short); on SIGHUP apply `reload()` (a config read anew). Whatever started is stopped
+    again, also when starting fails half-way."""
     sidecar = Sidecar(config)
     log = logs.get("serve")
     task = asyncio.current_task()
@@ -288,7 +290,12 @@ async def run(config: Config, reload: Callable[[], Config] | None = None) -> Non
         await stop.wait()
         if sidecar.proxy is not None:
             log.info("draining", in_flight=sidecar.proxy.stats.in_flight)
-        await sidecar.drain()
+        try:
+            await sidecar.drain()
+        except asyncio.CancelledError:  # the second stop signal (the proxy logged the cut)
+            task.uncancel()
+            return EXIT_CUT_SHORT
+        return 0
     finally:
         await sidecar.stop()
         log.info("stopped")
@@ -314,10 +321,11 @@ def _reload(sidecar: Sidecar, load: Callable[[], Config], log: BoundLogger) -> N
         log.info("config reloaded", targets=len(config.targets), routes=routes)
 
 
-def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
-    """`specdec serve`: until SIGINT or SIGTERM (drained, exit 0); SIGHUP reloads."""
+def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
+    """`specdec serve`: until SIGINT or SIGTERM (drained: exit 0; a second signal during the
+    drain stops at once: exit 1); SIGHUP reloads."""
     return_freed_memory()
-    run_until_stopped(lambda: run(config, reload))
+    return run_until_stopped(lambda: run(config, reload)) or 0
 
 
 def _fronted_target(config: Config, targets: tuple[TargetState, ...]) -> TargetState | None:

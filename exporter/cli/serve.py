@@ -102,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from exporter.sidecar import serve
 
-    serve(config, lambda: _serve_config(args))  # SIGHUP: read again, with the same flags
-    return 0
+    return serve(config, lambda: _serve_config(args))  # SIGHUP: read again, same flags
 
 
 def summary(config: Config) -> str:

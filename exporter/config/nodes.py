@@ -112,8 +112,8 @@ class Reader:
             raise self.fail(node, key, f"expected {what}")
         try:
             return convert(node.value)
-        except ValueError as exc:
-            raise self.fail(node, key, f"expected {what}, got {node.value!r} ({exc})") from None
+        except ValueError:
+            raise self.fail(node, key, f"expected {what}, got {node.value!r}") from None
 
     def sequence(
         self, node: yaml.Node, key: str, what: str = "a non-empty list"
@@ -197,7 +197,7 @@ def whole(low: int, high: int) -> Check:
     def check(r: Reader, node: yaml.Node, key: str) -> int:
         value = r.number(node, key, low, high)
         if value != int(value):
-            raise r.fail(node, key, "expected a whole number")
+            raise r.fail(node, key, f"expected a whole number, got {node.value!r}")
         return int(value)
 
     return check

@@ -59,9 +59,10 @@ def setting(
 
 
 class ConfigReader(Reader):
-    """A reader that remembers the target names, for the proxy's `target:`."""
+    """A reader that remembers the target names, for the proxy's `target:` (None while they
+    are not known: `targets:` missing or wrong, an error already said)."""
 
-    target_names: tuple[str, ...] = ()
+    target_names: tuple[str, ...] | None = None
 
 
 # --- the dataclasses --------------------------------------------------------------------------
@@ -143,7 +144,8 @@ def _upstream(r: Reader, node: yaml.Node, key: str) -> str:
 
 def _fronted(r: Reader, node: yaml.Node, key: str) -> str:
     name = r.name(node, key)
-    if isinstance(r, ConfigReader) and name not in r.target_names:
+    known = r.target_names if isinstance(r, ConfigReader) else None
+    if known is not None and name not in known:
         raise r.fail(node, key, f"no target is named {name!r}")
     return name
 
@@ -303,8 +305,9 @@ class ModelConfig:
 
 
 def _targets(r: Reader, node: yaml.Node, key: str) -> tuple[Target, ...]:
+    before = len(r.errors)
     targets: tuple[Target, ...] = objects(Target, "a non-empty list of targets")(r, node, key)
-    if isinstance(r, ConfigReader):
+    if isinstance(r, ConfigReader) and len(r.errors) == before:
         r.target_names = tuple(t.name for t in targets)
     return targets
 

@@ -272,8 +272,11 @@ async def _phase(
     runs: list[int],
     plan: Plan,
     phase: Phase,
+    label: str,
 ) -> None:
-    """The scenarios together against one endpoint, its batch sampled while they run."""
+    """The scenarios together against one endpoint, its batch sampled while they run; its
+    progress lines named by `label` (the level and side)."""
+    plan = replace(plan, label=label)
     metrics_url = f"{base_url}/metrics"
     results = {s.name: ScenarioResult(s.name) for s in scenarios}
     phase.results.extend(results.values())
@@ -315,7 +318,9 @@ async def _shorter_drafts(
         extra = tuple(fields.items())
         shorter = [replace(s, extra_body=(*s.extra_body, *extra)) for s in scenarios]
         level.drafting[length] = phase = Phase()
-        await run(shorter, phase=phase)
+        await run(
+            shorter, phase=phase, label=f"c={level.concurrency} speculative, {length} draft(s)"
+        )
         if length not in level.draft_seconds():
             return False
     return True
@@ -359,15 +364,22 @@ async def measure_curve(
             into.append(level)
             runs = level_runs(scenarios, concurrency, plan.runs)
             at = replace(plan, concurrency=concurrency)
-            await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec)
+            side = f"c={concurrency} speculative"
+            await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec, side)
             if honoured:
                 spec = partial(_phase, client, spec_url, spec_model, runs=runs, plan=at)
                 honoured = await _shorter_drafts(level, scenarios, plan.engine, spec)
-            await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain)
+            side = f"c={concurrency} plain"
+            await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain, side)
             if longer > 0:
                 lengthened = [s.lengthened(longer) for s in scenarios]
                 level.longer = (Phase(), Phase())
-                for url, name, phase in zip(
-                    (spec_url, plain_url), (spec_model, plain_model), level.longer, strict=True
+                for url, name, phase, side in zip(
+                    (spec_url, plain_url),
+                    (spec_model, plain_model),
+                    level.longer,
+                    ("speculative", "plain"),
+                    strict=True,
                 ):
-                    await _phase(client, url, name, lengthened, runs, at, phase)
+                    label = f"c={concurrency} {side}, longer context"
+                    await _phase(client, url, name, lengthened, runs, at, phase, label)

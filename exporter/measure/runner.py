@@ -180,6 +180,7 @@ class Plan:
     temperature: float | None = None  # None: the server's default
     progress: Progress = stderr_progress
     engine: Engine = DEFAULT
+    label: str = ""  # what progress names beside the scenario: measure --concurrency's phase
 
 
 def interleaved(scenarios: list[Scenario], runs: list[int]) -> list[tuple[Scenario, int]]:
@@ -238,7 +239,8 @@ async def replay(
             except (RequestFailed, aiohttp.ClientError) as exc:
                 result.failures.append(str(exc) or type(exc).__name__)
             done = len(result.requests) + len(result.failures)
-            plan.progress(scenario.name, done, todo[scenario.name])
+            name = f"{plan.label}: {scenario.name}" if plan.label else scenario.name
+            plan.progress(name, done, todo[scenario.name])
         if not draining and on_drain is not None:
             on_drain()
         draining = True

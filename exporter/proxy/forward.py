@@ -91,15 +91,24 @@ class Proxy:
         self._listener.close()
         for client in list(self._clients):
             client.drain()
-        if self._clients:
-            self._drained.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), grace)
-        cut = [client for client in self._clients if client.busy]
-        self.stats.cut_at_drain += len(cut)
-        if cut:
-            self.log.warning("drain grace over: requests cut", requests=len(cut), grace=grace)
+        try:
+            if self._clients:
+                self._drained.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._drained.wait(), grace)
+        except asyncio.CancelledError:  # a second stop signal: stop now
+            self._cut("a second stop signal: requests cut")
+            await self.stop()
+            raise
+        self._cut("drain grace over: requests cut", grace=grace)
         await self.stop()
+
+    def _cut(self, event: str, **fields: float) -> None:
+        """Count and log the requests still in flight, about to be cut."""
+        cut = sum(1 for client in self._clients if client.busy)
+        self.stats.cut_at_drain += cut
+        if cut:
+            self.log.warning(event, requests=cut, **fields)
 
     async def stop(self) -> None:
         self._listener.close()

@@ -188,7 +188,7 @@ class Relay:
             status = "502"
             self._log.warning(
                 "upstream unreachable" if isinstance(error, Unreachable) else "upstream hung up",
-                error=type(error).__name__,
+                error=str(error)[:200] or type(error).__name__,
             )
             error_response(writer, 502, "upstream unreachable", "BadGateway")
         self._stats.upstream_errors[reason] += 1

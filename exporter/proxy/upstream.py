@@ -349,7 +349,9 @@ class Exchange:
         except OSError as exc:
             self._connecting = None
             short = exc.errno in (errno.EMFILE, errno.ENFILE)
-            self._fail((OutOfDescriptors if short else Unreachable)(str(exc) or type(exc).__name__))
+            pool = self._pool  # host:port, never the URL's credentials: it goes to the log
+            where = f"{pool.host}:{pool.port}: {exc.strerror or exc}"
+            self._fail((OutOfDescriptors if short else Unreachable)(where))
             return
         self._connecting = None
         _write(conn, self._request)

@@ -162,7 +162,8 @@ async def test_secrets_stay_out_of_logs_and_labels(capsys: pytest.CaptureFixture
                     assert resp.status == 200
             async with s.get(metrics) as resp:
                 page = await resp.text()
-        async with sidecar(f"http://127.0.0.1:{free_port()}", routes=routes) as (_, dead, _):
+        gone = free_port()
+        async with sidecar(f"http://127.0.0.1:{gone}", routes=routes) as (_, dead, _):
             async with aiohttp.ClientSession() as s:  # an error path that logs
                 await s.post(
                     dead + "/v1/chat/completions",
@@ -171,6 +172,7 @@ async def test_secrets_stay_out_of_logs_and_labels(capsys: pytest.CaptureFixture
                 )
     logged = capsys.readouterr()
     assert "upstream unreachable" in logged.out  # the logs were captured: the check below bites
+    assert f"127.0.0.1:{gone}: " in logged.out  # the error names where the proxy could not reach
     assert 'route="paid"' in page and 'route="other"' in page
     for text in (page, logged.out, logged.err):
         assert secret not in text and "very-secret" not in text

@@ -209,6 +209,31 @@ async def test_sigterm_past_the_grace_cuts_the_rest_and_counts_them(tmp_path: Pa
     assert cut and cut[0]["requests"] == 5, served.text()[-2000:]
 
 
+async def test_a_second_sigterm_during_the_drain_cuts_now_says_so_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    """The operator's "stop now": the streams in flight are cut at once (not after the 30 s
+    grace), counted in the log, and the exit status says the drain did not complete."""
+    async with upstream(events=200, delay=0.05) as up, aiohttp.ClientSession() as session:
+        with serve(tmp_path, up, drain="30s") as served:
+            await wait_up(session, served)
+            streams = [
+                asyncio.create_task(stream(session, served.proxy, f"n{i}")) for i in range(4)
+            ]
+            await poll(lambda: _in_flight(session, served, 4), 20, "4 streams in flight")
+            served.proc.send_signal(signal.SIGTERM)
+            assert await poll(lambda: _not_ready(session, served), 5, "/-/ready 503 while draining")
+            served.proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(served.proc.wait, 10)  # well inside the 30 s grace
+            results = await asyncio.gather(*streams)
+    assert code == 1, served.text()[-3000:]
+    assert all(body.endswith(b"<cut>") for _, body in results), [b[-40:] for _, b in results]
+    lines = [json.loads(line) for line in served.text().splitlines() if line.startswith("{")]
+    cut = [e for e in lines if e.get("event") == "a second stop signal: requests cut"]
+    assert cut and cut[0]["requests"] == 4, served.text()[-2000:]
+    assert lines[-1]["event"] == "stopped" and "Traceback" not in served.text()
+
+
 # ---- SIGHUP --------------------------------------------------------------------------------
 
 

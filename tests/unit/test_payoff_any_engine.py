@@ -218,10 +218,12 @@ def test_measure_asks_shorter_drafts_only_of_an_engine_that_honours_them(
     from exporter.measure.runner import Plan
 
     seen: list[tuple[str, int]] = []
+    labels: list[str] = []  # each phase's progress lines name its level and side, once
 
-    async def phase(session, base_url, model, scenarios, runs, plan, phase):  # type: ignore[no-untyped-def]
+    async def phase(session, base_url, model, scenarios, runs, plan, phase, label):  # type: ignore[no-untyped-def]
         length = dict(scenarios[0].extra_body).get("speculative.n_max", 3)
         seen.append((base_url, length))
+        labels.append(label)
         made = length if honours else 3
         phase.counted = Counts(100, 100 * made, 50, (30.0, 15.0, 5.0))
         phase.results.append(
@@ -238,4 +240,5 @@ def test_measure_asks_shorter_drafts_only_of_an_engine_that_honours_them(
     plan = Plan(engine=engine("llamacpp"))
     asyncio.run(curve.measure_curve("spec", "plain", scenarios, None, [1, 2], plan, levels))
     assert seen == asked
+    assert len(set(labels)) == len(labels) and {"c=1 plain", "c=2 speculative"} <= set(labels)
     assert [sorted(x.draft_seconds()) for x in levels] == ([[1, 2]] * 2 if honours else [[], []])
