@@ -3,18 +3,15 @@
 At each concurrency level the scenarios are replayed together, their requests interleaved
 (at least 3 x the level's requests, shared by the scenarios' weights: `level_runs`): the mix
 the routes share the engine in, which a step's seconds depend on beyond the batch (new
-requests' prefills land in the decode steps; measured on a GPU llama-server: at batch 4, 49
-tok/s per request in a mixed phase against 77 when each scenario ran alone, docs/BENCHMARKS.md
-§11; longer contexts cost more per step). Against the speculative endpoint, then
+requests' prefills land in the decode steps, and longer contexts cost more per step; figures
+in docs/BENCHMARKS.md §11). Against the speculative endpoint, then
 the plain one (the same model without speculation), so the two see the same load. Only the
 steady part counts (`Phase.window`): from the time as many requests have ended as there are
 workers (the first cohort, sent together with its prefills batched and no arrivals between
 them, has turned over) to the time the first worker finds nothing left (from then on the batch
-drains: on a GPU llama-server its steps cost 16-30 ms a token against 11-16 steady at
-c = 16-32, the busy slots no longer contiguous, §11). Each request counts with the part of its
-decode inside that window, pro rata: counting only the requests that ended inside it chose the
-ones that ran fast (on the H200 at c = 16: 81.3 tok/s by the server's own per-request timings,
-against 72.2 for all decode inside the window and 73.9 in the A/B's 8-s phases; run 22, §11).
+drains, and a draining engine's steps cost more a token than steady ones at the same level).
+Each request counts with the part of its decode inside that window, pro rata: counting only
+the requests that ended inside it would choose the ones that ran fast.
 The engine's running requests (its batch gauge, `Engine.running_gauge`) are sampled from its
 /metrics over the same window. Per level:
 
@@ -25,10 +22,10 @@ The engine's running requests (its batch gauge, `Engine.running_gauge`) are samp
 - tokens per step, decode rates and the speedup (spec rate / plain rate);
 - where the engine takes a draft length per request (`Engine.draft_length_fields`: llama.cpp),
   phases at one draft a step and at k - 1 give the verify step's seconds there
-  (`draft_seconds`): a step's cost is neither linear in k from a plain step (llama.cpp's
-  draft model costs a fixed ~0.7 plain step whatever k) nor in k (at c = 16 a second draft
-  0.7 of a plain step, each further one ~0.3, §11 run 18), so the options by draft length
-  need the points at both ends: 1 for the drafter's fixed cost, k - 1 for the slope past k.
+  (`draft_seconds`): a step's cost is neither linear in k from a plain step (a draft model
+  costs a fixed part of a plain step whatever k) nor in k (the first drafts cost more than
+  the later ones), so the options by draft length need the points at both ends: 1 for the
+  drafter's fixed cost, k - 1 for the slope past k.
   Each kept only where the engine's counters say its steps drafted that many tokens (a
   build that ignores the field drafts k).
 

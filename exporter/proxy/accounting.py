@@ -408,9 +408,7 @@ class Accounting:
             weight.steps += (drafted.draft_tokens or 0.0) / draft_tokens_per_step
             # the accepted tokens no request explains (those of requests cut short: the
             # client left, their timings never came) go by the routes' own accepted tokens,
-            # not evenly: evenly, voice read 0.40 for its own 0.36 on the GPU at c = 16 (run
-            # 23, the A/B cancelling requests at each phase's end); by them, 0.34-0.38 for
-            # 0.34-0.37 (docs/metrics.md)
+            # not evenly: evenly, a low-acceptance route reads high (docs/metrics.md)
             weight.accepted += drafted.accepted or 0.0
         for key in [k for k in self._tokens_only if served(k)]:
             produced = self._tokens_only.pop(key)

@@ -58,7 +58,7 @@ class _Plan:
     """Where a request goes and what is watched: routing's result (or, when routing raised,
     the request forwarded as it came, to the default route, unwatched)."""
 
-    target: str
+    uri: str
     body: Body
     watch: Watch
 
@@ -211,8 +211,8 @@ class Proxy:
         """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
         settings = self.settings  # this request's, to its end whatever a reload swaps in
-        method, target, hold = request.method, request.target, request.hold
-        if method == "CONNECT" or not target.startswith("/"):
+        method, uri, hold = request.method, request.uri, request.hold
+        if method == "CONNECT" or not uri.startswith("/"):
             # never an open proxy: these never reach routing
             self.refuse(
                 writer,
@@ -231,7 +231,7 @@ class Proxy:
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
             plan = _Plan(
-                target, body, Watch(settings.config.default_route, started, settings.engine, None)
+                uri, body, Watch(settings.config.default_route, started, settings.engine, None)
             )
         upstream, fields, engine = settings.upstream, end_to_end(request.fields), settings.engine
         self.stats.in_flight += 1
@@ -247,7 +247,7 @@ class Proxy:
             log=self.log,
             send=lambda receiver: upstream.send(
                 method,
-                plan.target,
+                plan.uri,
                 fields,
                 plan.body,
                 receiver,
@@ -259,20 +259,20 @@ class Proxy:
     def _plan(
         self, settings: Settings, request: ClientRequest, body: bytes, started: float
     ) -> _Plan:
-        method, target, path = request.method, request.target, request.path
+        method, uri, path = request.method, request.uri, request.path
         parsed, unreadable = request_json(body) if method == "POST" else (None, None)
         # routed and accounted as the upstream reads the path (escapes, dot segments, `//`):
         # a spelling of an accounted endpoint is never relayed unaccounted
         seen = normalized(path)
         match = settings.router.match(seen, request.headers, parsed)
-        if match.path != seen:  # a path_prefix removed: the rest of the target (a query) stays
-            target = match.path + target[len(path) :]
+        if match.path != seen:  # a path_prefix removed: the rest of the URI (a query) stays
+            uri = match.path + uri[len(path) :]
         unwatched = Watch(match.route, started, settings.engine, None)
         if method != "POST" or match.path not in COMPLETIONS:
-            return _Plan(target, body, unwatched)
+            return _Plan(uri, body, unwatched)
         if parsed is None:  # relayed untouched, unaccounted: the client's doing
             self.stats.unreadable[unreadable or "not_an_object"] += 1
-            return _Plan(target, body, unwatched)
+            return _Plan(uri, body, unwatched)
         asked = ask(parsed, body, settings.engine, self.objects_missing)
         single = (parsed.get("n") or 1) == 1
         watch = Watch(
@@ -285,7 +285,7 @@ class Proxy:
             asked.strip_spec,
             request_bands(parsed),
         )
-        return _Plan(target, asked.body, watch)
+        return _Plan(uri, asked.body, watch)
 
     def _shed(self, writer: ResponseWriter, limit: str) -> None:
         """Past a limit: vLLM's 503 shape, a Retry-After, the connection closed after it."""

@@ -245,11 +245,11 @@ class Llhttp:
             raise _Invalid(
                 Refusal(501, f"transfer coding {coding[:40]!r} not implemented", "NotImplemented")
             )
-        target = self._url.decode("utf-8", "surrogateescape")
-        path = target.split("?", 1)[0] if target.startswith("/") else target
+        uri = self._url.decode("utf-8", "surrogateescape")
+        path = uri.split("?", 1)[0] if uri.startswith("/") else uri
         self._request = ClientRequest(
             parser.get_method().decode("ascii", "replace"),
-            target,
+            uri,
             path,
             version,
             headers,

@@ -3,7 +3,7 @@
 Why two parsers: a general parser (llhttp through httptools, `reader.py`) calls back into
 Python once per header and per body piece, tens of calls per request on the cold cache of a
 proxy that slept between requests. `quick` takes only a strict subset of HTTP/1.1, the shape
-OpenAI clients send (a token method, a plain origin-form target, ASCII header fields, one Host,
+OpenAI clients send (a token method, a plain origin-form URI, ASCII header fields, one Host,
 at most one Content-Length, no Transfer-Encoding, Expect or Upgrade) with a few bytes methods,
 and leaves anything else to llhttp, which serves it or refuses it. A differential test holds
 `quick` to llhttp's reading of every request `quick` accepts.
@@ -41,7 +41,7 @@ _ONCE = SINGLETONS | {"connection"}  # quick leaves a repeated Connection to llh
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slower to make
 class ClientRequest:
     method: str
-    target: str  # as sent: path and query
+    uri: str  # as sent: path and query
     path: str  # as sent, without the query (routes match it byte for byte)
     version: tuple[int, int]
     headers: Mapping[str, str]  # looked up by lower-case name: the first value

@@ -97,7 +97,7 @@ class Upstream:
     def send(
         self,
         method: str,
-        target: str,
+        uri: str,
         headers: Iterable[tuple[str, str]],
         body: Body,
         receiver: Receiver,
@@ -107,7 +107,7 @@ class Upstream:
         its check the request is written before this returns; else on a fresh connection.
         `keeps_chunked`: False if the upstream closes a connection after a chunked response
         (whatever its head says), which then goes back to no pool."""
-        data = self._serialize(method, target, headers, body)
+        data = self._serialize(method, uri, headers, body)
         loop = asyncio.get_running_loop()
         while self._idle:
             conn = self._idle.pop()
@@ -141,12 +141,12 @@ class Upstream:
         self._busy.clear()
 
     def _serialize(
-        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: Body
+        self, method: str, uri: str, headers: Iterable[tuple[str, str]], body: Body
     ) -> Sequence[bytes | memoryview]:
         """The request as pieces to write: one, unless its body is large."""
         pieces = (body,) if isinstance(body, bytes) else tuple(body)
         size = sum(len(p) for p in pieces)
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.authority}"]
+        lines = [f"{method} {uri} HTTP/1.1", f"Host: {self.authority}"]
         lines += (f"{k}: {v}" for k, v in headers)
         if size or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {size}")

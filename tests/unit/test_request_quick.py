@@ -70,7 +70,7 @@ def test_what_quick_accepts_llhttp_reads_the_same_way(raw: bytes) -> None:
     assert parsed is not None and len(parsed) == 1, "quick accepted what llhttp refuses"
     message, body = parsed[0]
     assert request.method == message.method
-    assert request.target == message.target
+    assert request.uri == message.uri
     assert request.path == message.path
     assert request.version == message.version
     assert request.fields == message.fields

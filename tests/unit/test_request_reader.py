@@ -31,7 +31,7 @@ def requests(reader: RequestReader) -> list[tuple[str, str, bytes]]:
     for item in reader.ready:
         assert isinstance(item, tuple), item
         request, body = item
-        out.append((request.method, request.target, body))
+        out.append((request.method, request.uri, body))
     return out
 
 
@@ -53,7 +53,7 @@ def test_llhttp_reads_fields_as_sent() -> None:
     reader = read(raw)
     request, body = reader.ready[0]  # type: ignore[misc]
     assert isinstance(request, ClientRequest) and body == b""
-    assert request.path == "/%61/b" and request.target == "/%61/b?q"  # as sent, not decoded
+    assert request.path == "/%61/b" and request.uri == "/%61/b?q"  # as sent, not decoded
     assert request.version == (1, 0) and request.should_close
     assert request.fields == [("X-Route", "voice"), ("x-route", "second")]
     assert request.headers == {"x-route": "voice"}
