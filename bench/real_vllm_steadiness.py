@@ -39,11 +39,11 @@ Chunks = list[tuple[float, int]]  # (arrival, completion tokens so far) per cont
 
 
 async def one(session: aiohttp.ClientSession, base: str, route: str, i: int) -> Chunks:
-    scenario, cap, _ = ROUTES[route]
+    work = ROUTES[route]
     body: dict[str, Any] = {
         "model": "tiny",
-        "messages": builtin(scenario).messages(i),
-        "max_tokens": cap,
+        "messages": builtin(work.scenario).messages(i),
+        "max_tokens": work.mean_tokens,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import aiohttp
@@ -41,6 +41,7 @@ from exporter.core.windows import DEFAULT_WINDOWS
 from exporter.demo_prometheus import log_path, prometheus_child
 from exporter.measure.scenarios import Scenario, builtin
 from exporter.measure.stream_client import RequestFailed, stream_chat
+from exporter.measure.workload import AGENT, VOICE, Workload
 from exporter.process import graceful, run_until_stopped
 from exporter.proxy.accounting import Accounting
 from exporter.sidecar import Sidecar
@@ -73,28 +74,22 @@ class Options:
     schedule: Schedule | None = None
 
 
-@dataclass(frozen=True)
-class Workload:
-    route: str
-    scenario: str
-    max_tokens: int
-    path: str
-    headers: dict[str, str]
-
-
+# the two routes at a laptop's lengths (each request its route's mean), the agent routed by
+# path prefix to show the other kind of rule
 WORKLOADS = (
-    Workload("voice_chat", "ja_chat", 160, "/v1/chat/completions", {"X-Route": "voice"}),
-    Workload("coding_agent", "code_agent", 400, "/agent/v1/chat/completions", {}),
+    replace(VOICE, mean_tokens=160, spread=0),
+    replace(AGENT, mean_tokens=400, header=None, path_prefix="/agent", spread=0),
 )
 
 
 def config(opts: Options) -> Config:
     """The sidecar config the demo runs: one target, the proxy with two routes, the model."""
     base = f"http://{opts.host}"
-    routes = (
-        Route("voice_chat", headers=(("x-route", "voice"),)),
-        Route("coding_agent", path_prefix="/agent"),
-    )
+    routes = tuple(
+        Route(w.name, headers=tuple((k.lower(), v) for k, v in w.headers.items()),
+              path_prefix=w.path_prefix)
+        for w in WORKLOADS
+    )  # fmt: skip
     # the step-time curve `specdec measure --concurrency` finds on the simulator (in real
     # time), at the demo's contexts, and what a step gains per token more of it
     curve = tuple(
@@ -135,7 +130,7 @@ async def _traffic(
     for i in itertools.count(offset):
         if stop.is_set():
             return
-        body = {"model": MODEL, "messages": scenario.messages(i), "max_tokens": load.max_tokens}
+        body = {"model": MODEL, "messages": scenario.messages(i), "max_tokens": load.tokens(i)}
         try:
             await stream_chat(session, base + load.path, body, headers=load.headers)
         except (RequestFailed, aiohttp.ClientError):
@@ -207,11 +202,11 @@ def schedule_line(schedule: Schedule, running: float | None, steps: Steps, befor
         made = {
             int(length): n - before.get((route, model, length), 0)
             for (route, model, length), n in steps.items()
-            if route == load.route
+            if route == load.name
         }
         count = sum(made.values())
         drafts = sum(length * n for length, n in made.items()) / count if count else None
-        parts.append(f"{load.route} " + ("-" if drafts is None else f"{drafts:.2f}"))
+        parts.append(f"{load.name} " + ("-" if drafts is None else f"{drafts:.2f}"))
     return (
         f"{'schedule':<13} batch {running:.1f} in band {start}-{end}: k = {k}; drafts per step "
         f"since the last line: {', '.join(parts)}"
@@ -298,7 +293,7 @@ async def _report(
                 running = state.mean_running(state.history.windows[0], now, partial=True)
                 acc = sidecar.proxy.accounting
                 for load in WORKLOADS:
-                    print(route_line(acc, load.route, now, running.get(MODEL)))
+                    print(route_line(acc, load.name, now, running.get(MODEL)))
                 if opts.schedule is not None:
                     steps = dict(acc.steps_by_length)
                     print(schedule_line(opts.schedule, running.get(MODEL), steps, seen))

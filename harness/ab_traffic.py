@@ -6,9 +6,6 @@ bench/payoff_real_vllm.py."""
 from __future__ import annotations
 
 import asyncio
-import math
-import random
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,33 +15,13 @@ import aiohttp
 
 from exporter.measure.scenarios import builtin
 from exporter.measure.stream_client import stream_chat
+from exporter.measure.workload import WORKLOADS
 
-ROUTES = {  # route -> (scenario, mean max_tokens, header value)
-    "voice_chat": ("ja_chat", 80, "voice"),
-    "coding_agent": ("code_agent", 200, "agent"),
-}
-# sigma of ln(max_tokens): each request's cap heavy-tailed around its route's (mean = the
-# route's), cut at twice it. One cap per route kept a closed loop's clients in step: a route's
-# requests ended together and their prefills landed together in the other route's steps (on
-# the simulator with long prompts, the routes' A/B figures then split 10 % around their tokens
-# per step; on the GPU, docs/BENCHMARKS.md §11)
-SPREAD = 0.6
-PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}
+# the two routes, each request's cap heavy-tailed around its route's mean (on the simulator
+# with long prompts, one cap per route split the routes' A/B figures 10 % around their tokens
+# per step: a route's requests ended together)
+ROUTES = {w.name: w for w in WORKLOADS}
 T = TypeVar("T")
-
-
-def cap(route: str, key: str) -> int:
-    """A request's max_tokens: its route's spread, drawn from `key` (the same on every run)."""
-    mean = ROUTES[route][1]
-    x = random.Random(f"{route}/{key}").lognormvariate(-(SPREAD**2) / 2, SPREAD)
-    return max(2, min(round(mean * x), 2 * mean))
-
-
-def caps(route: str, n: int) -> list[int]:
-    """n caps at the spread's quantiles (j + 1/2) / n: the route as `measure`'s fixed caps."""
-    mean, unit = ROUTES[route][1], statistics.NormalDist()
-    z = [unit.inv_cdf((j + 0.5) / n) for j in range(n)]
-    return [max(2, min(round(mean * math.exp(-(SPREAD**2) / 2 + SPREAD * x)), 2 * mean)) for x in z]
 
 
 @dataclass
@@ -78,14 +55,14 @@ async def traffic(
         i = 0
         while time.monotonic() < deadline:
             route = names[(worker + i) % 2] if concurrency == 1 else names[worker % 2]
-            scenario, _, header = ROUTES[route]
-            pack = builtin(scenario)
+            work = ROUTES[route]
+            pack = builtin(work.scenario)
             body = {
                 "model": model,
                 "messages": (pack.lengthened(longer) if longer else pack).messages(i),
-                "max_tokens": cap(route, f"{worker}/{i}"),
+                "max_tokens": work.tokens(f"{worker}/{i}"),
             }
-            headers = {"X-Route": header} if proxied else None
+            headers = work.headers if proxied else None
             r = await stream_chat(session, f"{base}/v1/chat/completions", body, headers)
             if r.decode_seconds > 0:
                 found[route] += Decoded(r.completion_tokens - 1, r.decode_seconds)

@@ -11,85 +11,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
-import math
-import random
-import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from bench.gpu.rounds import Rate
 from exporter.engines.llamacpp import ENGINE
+from exporter.measure import workload
 from exporter.measure.scenarios import builtin
 from exporter.measure.stream_client import RequestFailed
+from exporter.measure.workload import SPREAD, Workload
 
 MODEL = "bench"
 
 
-# per-request lengths: lognormal, sigma of ln(tokens) (heavy-tailed around the route's mean),
-# cut at LONGEST x the mean: a slot holds 1024 tokens (32768 over 32 slots) and the agent's
-# prompts are up to 521, so 400 fit. Every request of a route at one length (runs
-# 15-21: `--length-spread 0`) keeps the closed loop's clients in step: a route's clients leave
-# the batch together, and on llama-server (a KV stream per slot, a weight pass per run of busy
-# slots) the other route decodes alone in scattered slots, which may be the per-route plain
-# split of docs/BENCHMARKS.md §11
-SPREAD = 0.6
-LONGEST = 2
-
-
 @dataclass(frozen=True)
-class Route:
-    """A workload: its prompts (a built-in scenario), mean tokens per request and their spread
-    (`SPREAD`), header value and acceptance (unconditional per position: P(more than i drafts
+class Route(Workload):
+    """A workload with its acceptance (unconditional per position: P(more than i drafts
     accepted), as llama.cpp's --spec-synth-rates reads them)."""
 
-    name: str
-    scenario: str
-    mean_tokens: int
-    header: str
-    rates: tuple[float, ...]
-    spread: float = SPREAD
+    rates: tuple[float, ...] = ()
 
     @property
     def acceptance(self) -> float:
         """Accepted / drafted tokens at k = 3 (the deployed draft length)."""
         return sum(self.rates[:3]) / 3
-
-    def tokens(self, index: int) -> int:
-        """Request `index`'s length (its cap, reached: `ignore_eos`), the same on every run."""
-        if self.spread <= 0:
-            return self.mean_tokens
-        x = random.Random(f"{self.name}/{index}").lognormvariate(self._mu, self.spread)
-        return self._cut(x)
-
-    def caps(self, n: int) -> list[int]:
-        """n lengths at the spread's quantiles (j + 1/2) / n: the spread as `measure`'s fixed
-        caps (one where there is no spread)."""
-        if self.spread <= 0:
-            return [self.mean_tokens]
-        z = [statistics.NormalDist().inv_cdf((j + 0.5) / n) for j in range(n)]
-        return [self._cut(math.exp(self._mu + self.spread * x)) for x in z]
-
-    @functools.cached_property
-    def _mu(self) -> float:
-        """The mean of ln(tokens) that puts the cut spread's mean at `mean_tokens`."""
-        sigma, cut = self.spread, math.log(LONGEST * self.mean_tokens)
-        unit = statistics.NormalDist()
-        low, high = 0.0, cut
-        for _ in range(60):  # bisection: the cut mean rises with mu
-            mu = (low + high) / 2
-            mean = math.exp(mu + sigma**2 / 2) * unit.cdf((cut - mu - sigma**2) / sigma)
-            mean += math.exp(cut) * (1 - unit.cdf((cut - mu) / sigma))
-            low, high = (mu, high) if mean < self.mean_tokens else (low, mu)
-        return (low + high) / 2
-
-    def _cut(self, x: float) -> int:
-        return max(2, min(round(x), LONGEST * self.mean_tokens))
 
     def body(self, index: int, k: int | None) -> dict[str, Any]:
         """Request `index` of the route (its prompts in turn)."""
@@ -128,8 +78,8 @@ def spread_error(args: argparse.Namespace) -> str | None:
 
 
 # the published workloads (36 % and 71 % acceptance at k = 3); positions 4-5 for the sweep
-VOICE = Route("voice_chat", "ja_chat", 80, "voice", (0.60, 0.30, 0.18, 0.10, 0.06))
-AGENT = Route("coding_agent", "code_agent", 200, "agent", (0.85, 0.70, 0.58, 0.48, 0.40))
+VOICE = Route(**asdict(workload.VOICE), rates=(0.60, 0.30, 0.18, 0.10, 0.06))
+AGENT = Route(**asdict(workload.AGENT), rates=(0.85, 0.70, 0.58, 0.48, 0.40))
 ROUTES = (VOICE, AGENT)
 
 

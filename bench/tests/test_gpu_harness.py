@@ -26,7 +26,7 @@ from bench.gpu.rounds import (
     within,
 )
 from bench.gpu.servers import Launch, Models, command
-from bench.gpu.traffic import AGENT, LONGEST, ROUTES, VOICE, assignment, spread
+from bench.gpu.traffic import AGENT, ROUTES, VOICE, assignment, spread
 from exporter.config import load
 from exporter.measure.scenarios import load_file
 
@@ -102,19 +102,14 @@ def test_a_request_carries_its_routes_acceptance_and_draft_length() -> None:
     assert AGENT.acceptance == pytest.approx(0.71)
 
 
-def test_a_routes_lengths_spread_heavy_tailed_around_its_mean_and_repeat() -> None:
-    """Requests of one length keep a closed loop's clients in step (docs/BENCHMARKS.md §11,
-    run 22 planned): lengths are drawn per request, lognormal, the same on every run."""
+def test_a_request_asks_its_routes_length_and_the_spread_flag_sets_it() -> None:
+    """The lengths are the product's `Workload` (tests/unit/test_workload.py); the bench's
+    requests carry them, and --length-spread 0 puts every request at its route's mean."""
     for route in (VOICE, AGENT):
-        lengths = [route.tokens(i) for i in range(4000)]
-        assert statistics.fmean(lengths) == pytest.approx(route.mean_tokens, rel=0.05)
-        assert statistics.median(lengths) < 0.9 * route.mean_tokens  # skewed: a long tail
-        assert max(lengths) == LONGEST * route.mean_tokens and min(lengths) >= 2
-        assert [route.tokens(i) for i in range(50)] == lengths[:50]
-        assert len(set(lengths[:8])) >= 6  # consecutive requests (and clients) differ
         assert route.body(5, None)["max_tokens"] == route.tokens(5)
         fixed = spread([route], 0.0)[0]
         assert {fixed.tokens(i) for i in range(50)} == {route.mean_tokens}
+        assert fixed.rates == route.rates
 
 
 def test_measure_sees_a_routes_spread_as_scenarios_at_its_quantiles(tmp_path: Path) -> None:

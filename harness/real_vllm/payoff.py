@@ -118,9 +118,10 @@ def measure_curve(spec: str, plain: str, levels: list[int], workdir: Path) -> li
     pack = workdir / "pack.jsonl"
     pack.write_text(
         "".join(
-            json.dumps({"name": n, "max_tokens": cap, "system": builtin(n).system,
-                        "prompts": list(builtin(n).prompts)}, ensure_ascii=False) + "\n"
-            for n, cap, _ in ROUTES.values()
+            json.dumps({"name": w.scenario, "max_tokens": w.mean_tokens,
+                        "system": builtin(w.scenario).system,
+                        "prompts": list(builtin(w.scenario).prompts)}, ensure_ascii=False) + "\n"
+            for w in ROUTES.values()
         ),
         encoding="utf-8",
     )  # fmt: skip

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from exporter.measure.scenarios import builtin
-from harness.ab_traffic import PROFILE, ROUTES, alternate, caps
+from harness.ab_traffic import ROUTES, alternate
 from harness.helpers import (
     child,
     free_port,
@@ -92,13 +92,13 @@ def routes_pack(tmp: Path, longer: int) -> Path:
     at their spread's quantiles, each route weighed inverse to its mean cap so each holds half
     of measure's batch, as half the A/B's clients send each; `longer`: words of context more."""
     lines = []
-    for route, (name, mean, _) in ROUTES.items():
-        pack = builtin(name).lengthened(longer) if longer else builtin(name)
-        for j, tokens in enumerate(caps(route, 4)):
-            lines.append(json.dumps({"name": f"{route}_{j}", "max_tokens": tokens,
-                                     "system": pack.system,
-                                     "prompts": list(pack.prompts[2 * j : 2 * j + 2]),
-                                     "weight": 200 / mean}, ensure_ascii=False))  # fmt: skip
+    for route, work in ROUTES.items():
+        pack = builtin(work.scenario).lengthened(longer) if longer else builtin(work.scenario)
+        for j, tokens in enumerate(work.caps(4)):
+            entry = {"name": f"{route}_{j}", "max_tokens": tokens, "system": pack.system,
+                     "prompts": list(pack.prompts[2 * j : 2 * j + 2]),
+                     "weight": 200 / work.mean_tokens}  # fmt: skip
+            lines.append(json.dumps(entry, ensure_ascii=False))
     path = tmp / f"routes-{longer}.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -228,7 +228,8 @@ def test_the_payoff_at_load_agrees_with_the_ab_truth(rig: Rig, concurrency: int)
     report = []
     for route in ROUTES:
         ab = spec[route].rate / plain[route].rate
-        sim = delta_speedup(before[PROFILE[route]], after[PROFILE[route]])
+        profile = ROUTES[route].scenario  # the simulator's profile for its prompts
+        sim = delta_speedup(before[profile], after[profile])
         labels = {"route": route, "model_name": "sim-27b", "window": f"{WINDOW:.0f}s"}
         estimated = value(page, "specdec_route_estimated_speedup_ratio", **labels)
         measured = value(page, "specdec_route_speedup_ratio", **labels)
