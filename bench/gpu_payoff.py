@@ -16,7 +16,9 @@ speculative server (docs/BENCHMARKS.md §11 has the figures and the exact comman
            through it -> the sidecar's estimated and measured speedups, best draft length and
            `specdec advise`; at --alone levels each route alone on the engine too (load vs
            mixing);
-4. sweep   the true best draft length: the A/B at k = 0..--sweep-k at each --sweep-levels
+4. repeat  measure with one replicate a point, --repeat times on one start of the servers, the
+           points side by side with their spread (a single phase's repeatability);
+5. sweep   the true best draft length: the A/B at k = 0..--sweep-k at each --sweep-levels
            (k = 0: the plain server), the routes together on the engine (what the sidecar's
            options say; with ab, in the same run: two starts of a server differ) and/or each
            alone (--sweep-mix).
@@ -66,7 +68,7 @@ from bench.gpu.traffic import (
     spread_error,
 )
 
-STEPS = ("build", "models", "ab", "sweep")
+STEPS = ("build", "models", "ab", "repeat", "sweep")
 TICK = 1.1  # the accounting's tick (1 s) and a margin: a window's figures hold what ended
 
 
@@ -227,7 +229,8 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
     t0 = time.monotonic()
     warm([spec, plain], args)
     printed = product.measure(spec.base_url, plain.base_url, args.levels, pack,
-                              run.out / "measure.log", args.context_tokens)  # fmt: skip
+                              run.out / "measure.log", args.context_tokens,
+                              args.replicates)  # fmt: skip
     block = product.models_block(printed)
     run.data["measure"] = {"printed": printed, "seconds": time.monotonic() - t0,
                            "curve": product.curve(block)}  # fmt: skip
@@ -253,6 +256,30 @@ def run_ab(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> N
                 found["alone"] = route.name
                 run.data["alone"].append(found)
                 run.save()
+
+
+def run_repeat(run: Run, spec: Server, plain: Server, args: argparse.Namespace) -> None:
+    """`measure --concurrency --replicates 1` --repeat times against the same warmed servers:
+    each level's plain and verify seconds per step in every run, and their spread (max / min -
+    1): what a single phase per point gives."""
+    pack = product.scenario_pack(Path(args.work) / "pack.jsonl", traffic(args))
+    warm([spec, plain], args)
+    curves = []
+    for i in range(args.repeat):
+        t0 = time.monotonic()
+        printed = product.measure(spec.base_url, plain.base_url, args.levels, pack,
+                                  run.out / "measure.log", args.context_tokens, 1,
+                                  args.measure_runs)  # fmt: skip
+        curves.append(product.curve(product.models_block(printed)))
+        run.log(f"measure {i + 1} of {args.repeat}: {time.monotonic() - t0:.0f} s")
+    run.data["repeat"] = curves
+    run.save()
+    for key in ("plain_seconds", "verify_seconds"):
+        for j, c in enumerate(args.levels):
+            figures = [curve[j][key] for curve in curves if j < len(curve)]
+            spread = max(figures) / min(figures) - 1 if figures else float("nan")
+            each = " ".join(f"{1e3 * f:.2f}" for f in figures)
+            run.log(f"  c={c} {key} ms: {each}  spread {100 * spread:.1f}%")
 
 
 def warm(servers: Sequence[Server], args: argparse.Namespace) -> None:
@@ -300,7 +327,7 @@ def main() -> int:
     ap.add_argument("--source", type=Path, help="the llama-cpp-python sdist or a packed tree")
     ap.add_argument("--server", type=Path, help="a llama-server built with the patch (skip build)")
     ap.add_argument("--gguf-py", type=Path, help="llama.cpp's gguf-py (default: the source's)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"of {','.join(STEPS)}")
+    ap.add_argument("--steps", default="build,models,ab,sweep", help=f"of {','.join(STEPS)}")
     ap.add_argument("--levels", default="1,4,16,32")
     ap.add_argument("--alone", default="16", help="levels with each route alone too ('' none)")
     ap.add_argument("--advise-at", default="1,16")
@@ -312,6 +339,9 @@ def main() -> int:
                     help="measure's --context-tokens: the filler's words (the bench's toy "
                          "vocabulary makes ~7 tokens of each)")  # fmt: skip
     add_spread_flag(ap)
+    ap.add_argument("--replicates", type=int, default=2, help="measure's --replicates")
+    ap.add_argument("--repeat", type=int, default=2, help="the repeat step's measure runs")
+    ap.add_argument("--measure-runs", type=int, default=1, help="measure's --runs")
     ap.add_argument("--k", type=int, default=3, help="the deployed draft length")
     ap.add_argument("--sweep-levels", default="1,16")
     ap.add_argument("--sweep-k", type=int, default=5)
@@ -372,13 +402,13 @@ def _main(run: Run, args: argparse.Namespace, steps: set[str], work: Path) -> in
                                not args.cpu, args.jobs, args.out / "build.log")  # fmt: skip
         run.log(f"built {binary} in {time.monotonic() - t0:.0f} s")
     run.data["server"] = str(binary)
-    if not steps & {"models", "ab", "sweep"}:
+    if not steps & {"models", "ab", "repeat", "sweep"}:
         return 0
     gguf_py = args.gguf_py or (src / "gguf-py")  # type: ignore[operator]
     t1 = time.monotonic()
     models = write_models(gguf_py, work / ("models-tiny" if args.cpu else "models"), args.cpu)
     run.log(f"models in {time.monotonic() - t1:.0f} s: {models}")
-    if not steps & {"ab", "sweep"}:
+    if not steps & {"ab", "repeat", "sweep"}:
         return 0
     launch = Launch.from_flags(args, gpu=not args.cpu)
     logs = args.out / "logs"
@@ -395,6 +425,8 @@ def _main(run: Run, args: argparse.Namespace, steps: set[str], work: Path) -> in
         run.log(f"servers up in {time.monotonic() - t2:.0f} s")
         if "ab" in steps:
             run_ab(run, spec, plain, args)
+        if "repeat" in steps:
+            run_repeat(run, spec, plain, args)
         if sweep is not None:
             run_sweep(run, sweep, plain, args)
     run.log(f"done in {time.monotonic() - t0:.0f} s")

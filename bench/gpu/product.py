@@ -62,12 +62,20 @@ def scenario_pack(path: Path, routes: Sequence[Route], prompts: int = 8, caps: i
 
 
 def measure(
-    spec: str, plain: str, levels: Sequence[int], pack: Path, log: Path, context_tokens: int
+    spec: str,
+    plain: str,
+    levels: Sequence[int],
+    pack: Path,
+    log: Path,
+    context_tokens: int,
+    replicates: int,
+    runs: int = 1,
 ) -> str:
     """`specdec measure --concurrency` as printed (a table, then the `models:` block)."""
     cmd = specdec("measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file",
                   str(pack), "--concurrency", ",".join(map(str, levels)),
-                  "--context-tokens", str(context_tokens))  # fmt: skip
+                  "--context-tokens", str(context_tokens), "--replicates", str(replicates),
+                  "--runs", str(runs))  # fmt: skip
     with log.open("ab") as err:
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=1200)
     if out.returncode:

@@ -457,7 +457,7 @@ def test_the_table_judges_a_tie_by_the_sidecars_own_top_two() -> None:
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
-        (["--steps", "ab,nope"], "--steps takes build,models,ab,sweep"),
+        (["--steps", "ab,nope"], "--steps takes build,models,ab,repeat,sweep"),
         (["--sweep-mix", "mixed,both"], "--sweep-mix takes mixed,alone, got 'mixed,both'"),
         (["--length-spread", "-1"], "--length-spread takes 0..2, got -1.0"),
     ],

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from exporter.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, AddVerb
 from exporter.engines import DEFAULT, KINDS, engine
 from exporter.engines.base import Engine
-from exporter.measure.curve import Level, measure_curve
+from exporter.measure.curve import REPLICATES, Level, measure_curve
 from exporter.measure.report import (
     Roofline,
     curve_plot,
@@ -107,6 +107,15 @@ def register(add_verb: AddVerb) -> None:
         "context in every request, for what a step gains per token of context (the sidecar "
         f"reads the curve at the live context with it; default {DEFAULT_CONTEXT_TOKENS}, "
         "0 skips it; keep N + the longest request under the engine's context per sequence)",
+    )
+    p.add_argument(
+        "--replicates",
+        type=int,
+        default=REPLICATES,
+        metavar="N",
+        help="with several --concurrency levels: each level's speculative and plain phases N "
+        "times, and once more where no two agree within 5 %% (one phase can run far off the "
+        f"others on the same engine); its figure pools those that agree (default {REPLICATES})",
     )
     p.add_argument(
         "--engine",
@@ -213,6 +222,8 @@ def _setup(args: argparse.Namespace) -> Setup:
         )
     if args.context_tokens < 0:
         raise UsageError(f"--context-tokens takes N >= 0, got {args.context_tokens}")
+    if args.replicates < 1:
+        raise UsageError(f"--replicates takes N >= 1, got {args.replicates}")
     if len(levels) > 1 and not args.baseline_url:
         raise UsageError(
             "several --concurrency levels measure the step-time curve and "
@@ -310,7 +321,15 @@ def _curve(
     try:
         asyncio.run(
             measure_curve(
-                base, plain_base, scenarios, args.model, levels, plan, found, args.context_tokens
+                base,
+                plain_base,
+                scenarios,
+                args.model,
+                levels,
+                plan,
+                found,
+                args.context_tokens,
+                args.replicates,
             )
         )
     except MeasureError as exc:

@@ -29,6 +29,12 @@ The engine's running requests (its batch gauge, `Engine.running_gauge`) are samp
   Each kept only where the engine's counters say its steps drafted that many tokens (a
   build that ignores the field drafts k).
 
+Replicates: a level's speculative and plain phases run `replicates` times (alternated), and once
+more where no two of a side's figures agree within AGREE, as the A/B truth repeats its rounds:
+one phase in a start of a real engine can run 20 % off the others at the same batch and
+context (docs/BENCHMARKS.md §11), which the window's own spread does not see. A side's figure
+pools the replicates that agree; its error is their spread; one left out is named.
+
 Decode = tokens after the first / seconds from the first content token to the last.
 """
 
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import statistics
 import time
@@ -66,6 +73,8 @@ from exporter.scrape.exposition import scan
 SAMPLE_EVERY = 0.25  # seconds between two reads of the running-requests gauge
 LEVEL_ROUNDS = 3  # each scenario sends at least this many times the level's concurrency
 ERROR_BLOCKS = 4  # spans of a phase's steady window its error is read from
+REPLICATES = 2  # each level's speculative and plain phases, by default
+AGREE = 0.05  # two replicates agree when their seconds per step are within this share
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +86,53 @@ class Steady:
     steps: float | None
     draft_tokens: float | None
     context: float | None  # tokens a decoding request held in its KV, time-weighted
+
+
+def pooled(parts: list[Steady]) -> Steady:
+    """Phases' steady windows as one: their decode summed, the context by seconds."""
+    counted = all(p.steps is not None for p in parts)
+    known = [p for p in parts if p.context is not None]
+    weight = sum(p.seconds for p in known)
+    return Steady(
+        sum(p.tokens for p in parts),
+        sum(p.seconds for p in parts),
+        sum(p.steps or 0.0 for p in parts) if counted else None,
+        sum(p.draft_tokens or 0.0 for p in parts) if counted else None,
+        sum(p.context * p.seconds for p in known if p.context) / weight if weight else None,
+    )
+
+
+def per_step(d: Steady, plain: bool) -> float | None:
+    """Seconds per step (a plain step makes one token); None where nothing was counted."""
+    per = d.tokens if plain else d.steps
+    return d.seconds / per if per and d.seconds else None
+
+
+def agreeing(figures: list[float | None]) -> list[int]:
+    """The replicates a side's figure pools: with three or more, the closest two and any
+    other within AGREE of their mean (the A/B's rule: an outlier named, never averaged in);
+    with fewer, all that have a figure."""
+    have = [i for i, f in enumerate(figures) if f is not None]
+    if len(have) < 3:
+        return have
+    values = {i: figures[i] or 0.0 for i in have}
+    ordered = sorted(have, key=values.__getitem__)
+    a, b = min(itertools.pairwise(ordered), key=lambda ab: values[ab[1]] - values[ab[0]])
+    centre = (values[a] + values[b]) / 2
+    return [i for i in have if i in (a, b) or abs(values[i] / centre - 1) <= AGREE]
+
+
+def agree(figures: list[float | None]) -> bool:
+    """Whether two of a side's figures are within AGREE of each other (one figure: no)."""
+    values = sorted(f for f in figures if f is not None)
+    return any(hi / lo - 1 <= AGREE for lo, hi in itertools.pairwise(values) if lo > 0)
+
+
+def replicate_error(figures: list[float]) -> float | None:
+    """The standard error of the pooled figure as a share of it, from the replicates' spread."""
+    if len(figures) < 2:
+        return None
+    return statistics.stdev(figures) / math.sqrt(len(figures)) / statistics.fmean(figures)
 
 
 @dataclass
@@ -174,6 +230,51 @@ class Level:
     drafting: dict[int, Phase] = field(default_factory=dict)  # the speculative endpoint at j < k
     # spec and plain again with the scenarios lengthened (`measure_curve`'s `longer`)
     longer: tuple[Phase, Phase] | None = None
+    again: list[tuple[Phase, Phase]] = field(default_factory=list)  # replicates after the first
+
+    def sides(self) -> tuple[list[Phase], list[Phase]]:
+        """Every replicate's speculative phases, then its plain ones."""
+        pairs = [(self.spec, self.plain), *self.again]
+        return [s for s, _ in pairs], [p for _, p in pairs]
+
+    def figures(self, plain: bool) -> list[float | None]:
+        """Each replicate's seconds per step on one side."""
+        return [per_step(p.steady(), plain) for p in self.sides()[plain]]
+
+    def agrees(self) -> bool:
+        """Both sides have two replicates within AGREE (a single replicate agrees trivially)."""
+        if not self.again:
+            return True
+        return all(agree(self.figures(plain)) for plain in (False, True))
+
+    def kept(self, plain: bool) -> list[Phase]:
+        """The phases a side's figure pools (`agreeing`)."""
+        phases = self.sides()[plain]
+        return [phases[i] for i in agreeing(self.figures(plain))] or phases[:1]
+
+    def left_out(self) -> list[str]:
+        """One line per replicate a side's figure leaves out: which, and how far off it ran."""
+        lines = []
+        for plain, side in ((False, "speculative"), (True, "plain")):
+            figures = self.figures(plain)
+            kept = agreeing(figures)
+            pooled_figure = per_step(pooled([self.sides()[plain][i].steady() for i in kept]), plain)
+            for i, f in enumerate(figures):
+                if i not in kept and f is not None and pooled_figure:
+                    lines.append(
+                        f"c={self.concurrency} {side}: replicate {i + 1} ran at "
+                        f"x{f / pooled_figure:.2f} of the others' seconds a step (left out)"
+                    )
+        return lines
+
+    def error(self, plain: bool) -> float | None:
+        """A side's relative standard error: the kept replicates' spread, or with one
+        replicate the spread within its window (`Phase.relative_error`)."""
+        figures = [per_step(p.steady(), plain) for p in self.kept(plain)]
+        found = [f for f in figures if f is not None]
+        if len(found) >= 2:
+            return replicate_error(found)
+        return self.kept(plain)[0].relative_error(plain)
 
     def draft_seconds(self) -> dict[int, float]:
         """Seconds per verify step at each draft length whose phase drafted that many tokens."""
@@ -194,10 +295,12 @@ class Level:
         draft tokens per step of its speculative phase, the context its requests held, what a
         step gains per token more of it (from the lengthened phases) and each step's relative
         standard error."""
-        spec, plain = self.spec.steady(), self.plain.steady()
+        spec_phases, plain_phases = self.kept(False), self.kept(True)
+        spec = pooled([p.steady() for p in spec_phases])
+        plain = pooled([p.steady() for p in plain_phases])
         spec_rate = spec.tokens / spec.seconds if spec.seconds else None
         plain_rate = plain.tokens / plain.seconds if plain.seconds else None
-        samples = self.spec.batch() + self.plain.batch()
+        samples = [b for p in (*spec_phases, *plain_phases) for b in p.batch()]
         busy = sum(samples)  # weighed by requests: the batch a running request sees
         contexts = [c for c in (spec.context, plain.context) if c is not None]
         slopes: tuple[float | None, float | None] = (None, None)
@@ -218,8 +321,10 @@ class Level:
             "context": statistics.fmean(contexts) if contexts else None,
             "plain_per_context_token": slopes[0],
             "verify_per_context_token": slopes[1],
-            "plain_error": self.plain.relative_error(True),
-            "verify_error": self.spec.relative_error(False),
+            "plain_error": self.error(True),
+            "verify_error": self.error(False),
+            "replicates": len(self.again) + 1,
+            "left_out": self.left_out(),
             "tokens_per_step": spec.tokens / spec.steps if spec.steps else None,
             "decode_tokens_per_second": spec_rate,
             "plain_decode_tokens_per_second": plain_rate,
@@ -346,12 +451,15 @@ async def measure_curve(
     plan: Plan,
     into: list[Level],
     longer: int = 0,
+    replicates: int = REPLICATES,
 ) -> None:
     """Every level in turn, the scenarios together (the mix the routes share the engine in)
     against spec, spec at 1 and k - 1 drafts a step where the engine takes a draft length per
     request, then plain; then, where `longer` > 0, spec and plain again with every request
     `longer` tokens of context more (`Scenario.lengthened`): a step's cost per token of
-    context, which the sidecar reads the curve at the live context with. Appends to `into`."""
+    context, which the sidecar reads the curve at the live context with. Spec and plain run
+    `replicates` times, once more where a side's do not agree (`Level.agrees`). Appends to
+    `into`."""
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
@@ -368,6 +476,20 @@ async def measure_curve(
                 honoured = await _shorter_drafts(level, scenarios, plan.engine, spec)
             side = f"c={concurrency} plain"
             await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain, side)
+            while len(level.again) + 1 < replicates or (
+                len(level.again) + 1 == replicates > 1 and not level.agrees()
+            ):
+                n = len(level.again) + 2
+                level.again.append(pair := (Phase(), Phase()))
+                for url, name, phase, side in zip(
+                    (spec_url, plain_url),
+                    (spec_model, plain_model),
+                    pair,
+                    ("speculative", "plain"),
+                    strict=True,
+                ):
+                    label = f"c={concurrency} {side}, replicate {n}"
+                    await _phase(client, url, name, scenarios, runs, at, phase, label)
             if longer > 0:
                 lengthened = [s.lengthened(longer) for s in scenarios]
                 level.longer = (Phase(), Phase())

@@ -306,9 +306,10 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
         )
     lines = aligned(table)
     lines.append(
-        "(± one standard error of a step's seconds: the steady window in four spans, the "
-        "spread of their figures)"
+        "(± one standard error of a step's seconds: the spread of the replicates that agree; "
+        "with one replicate, of its steady window in four spans)"
     )
+    lines += [f"  {line}" for r in levels for line in r.get("left_out") or ()]
     points = [r for r in levels if r["running"] is not None and r["plain_seconds"]]
     if not points:
         lines.append("\nno level has both a batch and a plain step time: no curve to configure")

@@ -127,10 +127,11 @@ def measure_curve(spec: str, plain: str, levels: list[int], workdir: Path) -> li
     )  # fmt: skip
     levels_arg = ",".join(str(c) for c in levels)
     out = subprocess.run(
-        # one context: the lengthened phases would double a CPU server's hour (the context
-        # slopes are tested on the simulator and the real llama.cpp)
+        # one context and one replicate: the lengthened and the replicated phases would each
+        # double a CPU server's hour (both are tested on the simulator and the real llama.cpp)
         specdec("measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file",
-                str(pack), "--concurrency", levels_arg, "--context-tokens", "0", "--json"),
+                str(pack), "--concurrency", levels_arg, "--context-tokens", "0",
+                "--replicates", "1", "--json"),
         capture_output=True, text=True, check=False, timeout=1800,
     )  # fmt: skip
     if out.returncode:

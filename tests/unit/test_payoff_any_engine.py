@@ -238,7 +238,7 @@ def test_measure_asks_shorter_drafts_only_of_an_engine_that_honours_them(
     scenarios = [Scenario("s", 8, None, ("hi",))]
     levels: list[Level] = []
     plan = Plan(engine=engine("llamacpp"))
-    asyncio.run(curve.measure_curve("spec", "plain", scenarios, None, [1, 2], plan, levels))
+    asyncio.run(curve.measure_curve("spec", "plain", scenarios, None, [1, 2], plan, levels, 0, 1))
     assert seen == asked
     assert len(set(labels)) == len(labels) and {"c=1 plain", "c=2 speculative"} <= set(labels)
     assert [sorted(x.draft_seconds()) for x in levels] == ([[1, 2]] * 2 if honours else [[], []])
