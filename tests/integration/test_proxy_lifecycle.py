@@ -188,6 +188,15 @@ async def _in_flight(session: aiohttp.ClientSession, served: Served, n: int) -> 
     return value(await metrics(session, served), "specdec_proxy_in_flight_requests") >= n
 
 
+async def _streams_in_flight(
+    session: aiohttp.ClientSession, served: Served, prefix: str, n: int
+) -> list[asyncio.Task[tuple[int, bytes]]]:
+    """`n` streams through the proxy, returned once the proxy counts them all in flight."""
+    streams = [asyncio.create_task(stream(session, served.proxy, f"{prefix}{i}")) for i in range(n)]
+    await poll(lambda: _in_flight(session, served, n), 20, f"{n} streams in flight")
+    return streams
+
+
 async def _not_ready(session: aiohttp.ClientSession, served: Served) -> bool:
     return await status(session, served.metrics + "/-/ready") == 503
 
@@ -196,10 +205,7 @@ async def test_sigterm_past_the_grace_cuts_the_rest_and_counts_them(tmp_path: Pa
     async with upstream(events=200, delay=0.05) as up, aiohttp.ClientSession() as session:
         with serve(tmp_path, up, drain="1s") as served:
             await wait_up(session, served)
-            streams = [
-                asyncio.create_task(stream(session, served.proxy, f"l{i}")) for i in range(5)
-            ]
-            await poll(lambda: _in_flight(session, served, 5), 20, "5 streams in flight")
+            streams = await _streams_in_flight(session, served, "l", 5)
             served.proc.send_signal(signal.SIGTERM)
             results = await asyncio.gather(*streams)
             code = await asyncio.to_thread(served.proc.wait, 30)
@@ -217,10 +223,7 @@ async def test_a_second_sigterm_during_the_drain_cuts_now_says_so_and_exits_1(
     async with upstream(events=200, delay=0.05) as up, aiohttp.ClientSession() as session:
         with serve(tmp_path, up, drain="30s") as served:
             await wait_up(session, served)
-            streams = [
-                asyncio.create_task(stream(session, served.proxy, f"n{i}")) for i in range(4)
-            ]
-            await poll(lambda: _in_flight(session, served, 4), 20, "4 streams in flight")
+            streams = await _streams_in_flight(session, served, "n", 4)
             served.proc.send_signal(signal.SIGTERM)
             assert await poll(lambda: _not_ready(session, served), 5, "/-/ready 503 while draining")
             served.proc.send_signal(signal.SIGTERM)
