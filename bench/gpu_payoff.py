@@ -364,9 +364,20 @@ def main() -> int:
         print(f"gpu_payoff: --sweep-mix takes {','.join(sweeping.MIXES)}, got "
               f"{','.join(args.sweep_mix)!r}", file=sys.stderr)  # fmt: skip
         return 2
-    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    args.levels, args.alone = ints(args.levels), ints(args.alone)
-    args.advise_at, args.sweep_levels = ints(args.advise_at), ints(args.sweep_levels)
+    for name in ("levels", "alone", "advise_at", "sweep_levels"):
+        text = getattr(args, name)
+        try:
+            setattr(args, name, [int(x) for x in text.split(",") if x])
+        except ValueError:
+            flag = "--" + name.replace("_", "-")
+            print(f"gpu_payoff: {flag} takes N,N,..., got {text!r}", file=sys.stderr)
+            return 2
+    if steps & {"ab", "repeat"} and len(args.levels) < 2:
+        # measure's curve needs two levels: with one, `measure --concurrency N` is the
+        # closed-loop measure and prints no models: block
+        print(f"gpu_payoff: --levels takes two levels or more for measure's curve, got "
+              f"{','.join(map(str, args.levels))!r}", file=sys.stderr)  # fmt: skip
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

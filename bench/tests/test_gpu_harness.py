@@ -460,6 +460,8 @@ def test_the_table_judges_a_tie_by_the_sidecars_own_top_two() -> None:
         (["--steps", "ab,nope"], "--steps takes build,models,ab,repeat,sweep"),
         (["--sweep-mix", "mixed,both"], "--sweep-mix takes mixed,alone, got 'mixed,both'"),
         (["--length-spread", "-1"], "--length-spread takes 0..2, got -1.0"),
+        (["--levels", "32", "--steps", "repeat"], "--levels takes two levels or more"),
+        (["--sweep-levels", "1,x"], "--sweep-levels takes N,N,..., got '1,x'"),
     ],
 )
 def test_the_harness_refuses_an_unknown_step_or_mix(
