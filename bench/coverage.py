@@ -29,11 +29,11 @@ import numpy as np
 from _run import guarded
 from _traffic import draw
 
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.core.counts import Counts
 from exporter.core.windows import Window
 from exporter.demo import route_line
 from exporter.export.request_collector import RequestCollector
-from exporter.proxy.accounting import Accounting, RequestOutcome
 
 MEANS = (0.36, 0.71)
 CONCENTRATIONS = (2.0, 5.0, 15.0, 50.0)

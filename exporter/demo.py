@@ -23,6 +23,7 @@ from typing import TypeVar
 import aiohttp
 from aiohttp import web
 
+from exporter.accounting.ledger import Accounting
 from exporter.config import (
     DEFAULT_KIND,
     Config,
@@ -43,7 +44,6 @@ from exporter.measure.scenarios import Scenario, builtin
 from exporter.measure.stream_client import RequestFailed, stream_chat
 from exporter.measure.workload import AGENT, VOICE, Workload
 from exporter.process import graceful, run_until_stopped
-from exporter.proxy.accounting import Accounting
 from exporter.sidecar import Sidecar
 from exporter.sim.decoder import SimEngine
 from exporter.sim.server import build_app

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from structlog.stdlib import BoundLogger
 
 from exporter import __version__, logs
+from exporter.accounting.ledger import Accounting
 from exporter.config import Config, ConfigError, ModelConfig, redact
 from exporter.core.faults import Faults
 from exporter.engines import DEFAULT, engine
@@ -31,7 +32,6 @@ from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import TargetCollector
 from exporter.process import graceful, return_freed_memory, run_until_stopped
-from exporter.proxy.accounting import Accounting
 from exporter.proxy.forward import Proxy
 from exporter.proxy.settings import build as proxy_settings
 from exporter.scrape.target import Clock, Scraper, TargetState

@@ -514,7 +514,7 @@ async def fuzz_upstream(
         assert side.proxy is not None
         acc = side.proxy.accounting
         accounted = sum(acc.requests.values())
-        routes = acc.snapshot()
+        routes = acc.summed()
         if accounted != cases:
             tally.problem(cases, f"{accounted} requests accounted for {cases} cases")
         for key, c in routes.items():

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.gpu import product, rejudge
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.config import ModelConfig, StepTimePoint, Target
 from exporter.core.counts import Counts
 from exporter.core.slices import slices
@@ -16,7 +17,6 @@ from exporter.engines import engine
 from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import TargetCollector
-from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.scrape.target import TargetState
 
 MODEL = "m"

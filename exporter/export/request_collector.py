@@ -14,9 +14,10 @@ from prometheus_client.core import (
     Metric,
 )
 
+from exporter.accounting.ledger import RUNAWAY_ACCEPTANCE, Accounting
+from exporter.accounting.snapshot import Snapshot
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
-from exporter.proxy.accounting import RUNAWAY_ACCEPTANCE, Accounting
 
 MOMENTS = (  # family, help, field of RequestMoments: the names are a contract
     (
@@ -54,7 +55,7 @@ class RequestCollector(FamiliesCollector):
         self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        acc = self.accounting
+        acc = self.accounting.read(self.clock())
         for name, doc, attribute in MOMENTS:
             family = CounterMetricFamily(name, doc, labels=ROUTE_LABELS)
             for key, moments in sorted(acc.moments.items()):
@@ -69,7 +70,7 @@ class RequestCollector(FamiliesCollector):
         # every route with exact requests gets both counters from 0, so the first one counts
         # in rate() and a share has its denominator's series to divide
         for key in sorted(acc.moments):
-            slower.add_metric(list(key), float(acc.below_breakeven[key]))
+            slower.add_metric(list(key), float(acc.below_breakeven.get(key, 0)))
         runaway = CounterMetricFamily(
             "specdec_route_runaway_requests",
             f"Requests cut by max_tokens (finish_reason length) with acceptance >= "
@@ -77,18 +78,18 @@ class RequestCollector(FamiliesCollector):
             labels=ROUTE_LABELS,
         )
         for key in sorted(acc.moments):
-            runaway.add_metric(list(key), float(acc.runaway[key]))
+            runaway.add_metric(list(key), float(acc.runaway.get(key, 0)))
         histogram = HistogramMetricFamily(
             "specdec_route_request_acceptance_ratio",
             "Per request: accepted / draft tokens (requests with at least one draft token).",
             labels=ROUTE_LABELS,
         )
-        for key, buckets in sorted(acc.acceptance.items()):
-            histogram.add_metric(list(key), buckets.cumulative(), buckets.sum)
+        for key, observed in sorted(acc.acceptance.items()):
+            histogram.add_metric(list(key), list(observed.cumulative), observed.sum)
         yield from (slower, runaway, histogram)
-        yield from self._windows()
+        yield from self._windows(acc)
 
-    def _windows(self) -> Iterator[Metric]:
+    def _windows(self, acc: Snapshot) -> Iterator[Metric]:
         labels = [*ROUTE_LABELS, "window"]
         acceptance = GaugeMetricFamily(
             "specdec_route_exact_acceptance_ratio",
@@ -114,10 +115,9 @@ class RequestCollector(FamiliesCollector):
             "Requests with at least one draft token that ended in the window.",
             labels=labels,
         )
-        now, history = self.clock(), self.accounting.moments_history
-        for window in history.windows:
-            for key, moments in sorted(history.increase(window, now).items()):
-                series = [*key, window.label]
+        for per_window in acc.windows:
+            for key, moments in sorted(per_window.moments.items()):
+                series = [*key, per_window.window.label]
                 requests.add_metric(series, moments.requests)
                 if moments.draft_tokens > 0:
                     acceptance.add_metric(series, moments.accepted / moments.draft_tokens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from prometheus_client.core import (
@@ -12,13 +12,14 @@ from prometheus_client.core import (
     Metric,
 )
 
+from exporter.accounting.ledger import Accounting
+from exporter.accounting.snapshot import Snapshot
 from exporter.config import ModelConfig
 from exporter.core.counts import total
 from exporter.core.reading import RouteReading, read_route
 from exporter.core.slices import SliceCounts, change_parts
 from exporter.engines.base import Engine, Role
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
-from exporter.proxy.accounting import Accounting
 from exporter.scrape.target import TargetState
 
 
@@ -44,16 +45,19 @@ class RouteCollector(FamiliesCollector):
         self._own_positions = Role.PER_POSITION in upstream.exact_per_request
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._requests()
-        yield from self._spec_counts()
-        yield from self._decode()
-        yield from self._histograms()
-        yield from self._windows()
-        yield from self._slices()
+        now, target = self.clock(), self.target
+        acc = self.accounting.read(
+            now, lambda window: {} if target is None else target.mean_running(window, now)
+        )
+        yield from self._requests(acc)
+        yield from self._spec_counts(acc)
+        yield from self._decode(acc)
+        yield from self._histograms(acc)
+        yield from self._windows(acc)
+        yield from self._slices(acc)
 
-    def _requests(self) -> Iterator[Metric]:
+    def _requests(self, acc: Snapshot) -> Iterator[Metric]:
         """Requests by status and finish reason, and those without exact counts by reason."""
-        acc = self.accounting
         requests = CounterMetricFamily(
             "specdec_route_requests",
             "Completion requests through the proxy by HTTP status (499: the client hung up) and "
@@ -88,9 +92,8 @@ class RouteCollector(FamiliesCollector):
             steps.add_metric(list(step_labels), float(n))
         yield steps
 
-    def _spec_counts(self) -> Iterator[Metric]:
+    def _spec_counts(self, acc: Snapshot) -> Iterator[Metric]:
         """The route's drafts, draft and accepted tokens, per position: exact or apportioned."""
-        acc = self.accounting
         spec = [*ROUTE_LABELS, "source"]
         drafts = CounterMetricFamily(
             "specdec_route_drafts",
@@ -120,9 +123,8 @@ class RouteCollector(FamiliesCollector):
                     per_pos.add_metric([*labels, str(i)], v)
         yield from (drafts, tokens, accepted, per_pos)
 
-    def _decode(self) -> Iterator[Metric]:
+    def _decode(self, acc: Snapshot) -> Iterator[Metric]:
         """Completion tokens, and the streamed requests' decode tokens, seconds and steps."""
-        acc = self.accounting
         generated = CounterMetricFamily(
             "specdec_route_generation_tokens", "Completion tokens returned.", labels=ROUTE_LABELS
         )
@@ -178,8 +180,7 @@ class RouteCollector(FamiliesCollector):
         yield from (generated, decode_tokens, decode_seconds, decode_steps, decode_drafts)
         yield from (held, held_seconds)
 
-    def _histograms(self) -> Iterator[Metric]:
-        acc = self.accounting
+    def _histograms(self, acc: Snapshot) -> Iterator[Metric]:
         for name, doc, table in (
             (
                 "specdec_route_ttft_seconds",
@@ -193,17 +194,14 @@ class RouteCollector(FamiliesCollector):
             ),
         ):
             family = HistogramMetricFamily(name, doc, labels=ROUTE_LABELS)
-            for key, buckets in sorted(table.items()):
-                family.add_metric(list(key), buckets.cumulative(), buckets.sum)
+            for key, histogram in sorted(table.items()):
+                family.add_metric(list(key), list(histogram.cumulative), histogram.sum)
             yield family
 
-    def _windows(self) -> Iterator[Metric]:
+    def _windows(self, acc: Snapshot) -> Iterator[Metric]:
         f = _window_families()
-        now = self.clock()
-        acc = self.accounting
-        for window in acc.history.windows:
-            running = {} if self.target is None else self.target.mean_running(window, now)
-            routes = acc.route_windows(window, now, running)
+        for per_window in acc.windows:
+            window, routes = per_window.window, per_window.routes
             for (route, model), seen in sorted(routes.items()):
                 config = self.models.get(model)
                 curve = None if config is None else config.curve
@@ -214,21 +212,18 @@ class RouteCollector(FamiliesCollector):
                 if reading.tokens_per_step is not None:
                     f.length.add_metric(series, reading.tokens_per_step)
                 _add_payoff(f, series, reading)
-            if self.target is not None:
-                engine = total(list(acc.engine_history.increase(window, now).values()))
+            if self.target is not None and per_window.engine.drafts:
                 routed = total([seen.counts for seen in routes.values()])
-                if engine.drafts:
-                    f.coverage.add_metric(
-                        [self.target.target.name, window.label],
-                        (routed.drafts or 0.0) / engine.drafts,
-                    )
+                f.coverage.add_metric(
+                    [self.target.target.name, window.label],
+                    (routed.drafts or 0.0) / per_window.engine.drafts,
+                )
         yield from f
 
-    def _slices(self) -> Iterator[Metric]:
+    def _slices(self, acc: Snapshot) -> Iterator[Metric]:
         """The exact requests' counts by band of each dimension, and each route's acceptance
         change over the breakdown's window against its baseline, split into mix and within
         (core.slices)."""
-        acc = self.accounting
         labels = [*ROUTE_LABELS, "dimension", "band"]
         families = {
             field: CounterMetricFamily(f"specdec_route_slice_{name}", doc, labels=labels)
@@ -240,15 +235,14 @@ class RouteCollector(FamiliesCollector):
         yield from families.values()
         change = GaugeMetricFamily(
             "specdec_route_acceptance_change_ratio",
-            f"The route's exact acceptance over the last {acc.breakdown.window.label} less over "
-            f"the last {acc.breakdown.baseline.label} (what it has seen of it), per dimension "
+            f"The route's exact acceptance over the last {acc.change.window.label} less over "
+            f"the last {acc.change.baseline.label} (what it has seen of it), per dimension "
             "split into part=mix (its traffic moved between the dimension's bands) and "
             "part=within (the bands' own acceptance moved); the two add up to the change.",
             labels=[*ROUTE_LABELS, "dimension", "part"],
         )
-        now = self.clock()
-        window = _by_dimension(acc.slice_history.increase(acc.breakdown.window, now))
-        base = _by_dimension(acc.slice_baseline.increase(acc.breakdown.baseline, now, True))
+        window = _by_dimension(acc.change.in_window)
+        base = _by_dimension(acc.change.in_baseline)
         for series, bands in sorted(window.items()):
             parts = change_parts(bands, base.get(series, {}))
             for part, value in (parts or {}).items():
@@ -278,7 +272,7 @@ _SLICE_COUNTERS = (
 
 
 def _by_dimension(
-    counts: dict[tuple[str, str, str, str], SliceCounts],
+    counts: Mapping[tuple[str, str, str, str], SliceCounts],
 ) -> dict[tuple[str, str, str], dict[str, SliceCounts]]:
     """(route, model_name, dimension) -> band -> counts."""
     out: dict[tuple[str, str, str], dict[str, SliceCounts]] = {}

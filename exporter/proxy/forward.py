@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass
 
 from exporter import logs
+from exporter.accounting.ledger import Accounting
 from exporter.core import reasons
 from exporter.core.faults import Faults
 from exporter.core.slices import request_bands
-from exporter.proxy.accounting import Accounting
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
 from exporter.proxy.connection import ClientConnection, Limits

@@ -8,13 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.accounting.ledger import Accounting, RequestOutcome, finish_label
 from exporter.core import reasons
 from exporter.core.counts import Counts, fits
 from exporter.core.slices import slices
 from exporter.engines import DEFAULT
 from exporter.engines.base import Engine, Response
-from exporter.proxy import accounting
-from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.proxy.sse import StreamTap
 
 
@@ -77,7 +76,7 @@ def request_outcome(
         increments=tuple(tap.increments) if tap is not None else (),
         steps_by_length=_steps_by_length(exact, spec_steps, tokens),
         slices=slices(bands, prompt_tokens),
-        finish_reason=accounting.finish_label(finish),
+        finish_reason=finish_label(finish),
     )
 
 

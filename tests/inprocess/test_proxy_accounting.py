@@ -198,6 +198,6 @@ def assert_coverage_full(side: Sidecar) -> None:
     """Everything went through the proxy: the routes account for all the engine's drafts."""
     assert side.proxy is not None and side.fronted is not None
     acc = side.proxy.accounting
-    assert total(list(acc.snapshot().values())).drafts == pytest.approx(
+    assert total(list(acc.summed().values())).drafts == pytest.approx(
         total([t.counts for t in side.fronted.store.series.values()]).drafts
     )

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from exporter.accounting.ledger import Accounting
 from exporter.export.route_collector import RouteCollector
-from exporter.proxy.accounting import Accounting
 from exporter.proxy.routes import Router
 from exporter.proxy.sse import StreamTap
 from harness.helpers import samples

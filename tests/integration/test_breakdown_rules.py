@@ -16,13 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.mixin import DEFAULT
 from dashboards.queries.slices import change_rule
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.config import Breakdown
 from exporter.core.counts import Counts
 from exporter.core.slices import slices
 from exporter.core.windows import DEFAULT_WINDOWS, parse_window
 from exporter.engines import engine
 from exporter.export.route_collector import RouteCollector
-from exporter.proxy.accounting import Accounting, RequestOutcome
 from harness.helpers import need_tool
 
 pytestmark = pytest.mark.promtool

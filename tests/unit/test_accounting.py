@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter.accounting.ledger import OTHER_MODEL, Accounting, RequestOutcome
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts
 from exporter.core.windows import DEFAULT_WINDOWS
-from exporter.proxy.accounting import OTHER_MODEL, Accounting, RequestOutcome
 
 M = "m"
 
@@ -198,7 +198,7 @@ def test_the_request_level_view_of_exact_requests() -> None:
     assert moments.accepted_squared == 27**2 + 30**2 + 30**2 + 3**2
     assert moments.draft_tokens_squared == 4 * 900
     assert moments.accepted_times_draft_tokens == 30 * 90
-    histogram = dict(acc.acceptance[("a", M)].cumulative())
+    histogram = dict(acc.acceptance[("a", M)].read().cumulative)
     assert histogram["+Inf"] == 4 and histogram["0.1"] == 1 and histogram["0.9"] == 2
     assert acc.below_breakeven[("a", M)] == 1
     assert acc.runaway[("a", M)] == 1
@@ -207,7 +207,7 @@ def test_the_request_level_view_of_exact_requests() -> None:
 
 
 def test_finish_reasons_are_bounded() -> None:
-    from exporter.proxy.accounting import finish_label
+    from exporter.accounting.ledger import finish_label
 
     assert [finish_label(r) for r in ("stop", "length", "tool_calls", "abort")] == [
         "stop",

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.config import Target
 from exporter.core.counts import Counts
 from exporter.core.faults import Faults
@@ -16,7 +17,6 @@ from exporter.engines import DEFAULT
 from exporter.export.guarded import Guarded
 from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import ERROR_REASONS, TargetCollector
-from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.scrape.target import TargetState
 
 from .pages import MODEL, bump, one_engine, set_counts

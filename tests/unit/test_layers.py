@@ -1,4 +1,5 @@
-"""Imports point one way: cli -> sidecar / demo -> scrape, proxy, export -> config -> core.
+"""Imports point one way: cli -> sidecar / demo -> scrape, proxy, export -> accounting ->
+config -> core.
 docs/architecture.md states the same table; this test holds the code to it."""
 
 from __future__ import annotations
@@ -16,21 +17,29 @@ MAY_IMPORT = {
     "exporter.engines": set(),  # each engine's knowledge, on core only
     "exporter.config": {"exporter.engines"},  # `engine:` is checked against the registry
     "exporter.scrape": {"exporter.config", "exporter.engines"},
-    "exporter.proxy": {"exporter.config", "exporter.engines"},
-    "exporter.export": {"exporter.config", "exporter.engines", "exporter.scrape", "exporter.proxy"},
+    "exporter.accounting": {"exporter.config"},  # the routes' counts; read by snapshot
+    "exporter.proxy": {"exporter.config", "exporter.engines", "exporter.accounting"},
+    "exporter.export": {
+        "exporter.config",
+        "exporter.engines",
+        "exporter.scrape",
+        "exporter.proxy",
+        "exporter.accounting",
+    },
     "exporter.sim": set(),
     "exporter.measure": {"exporter.scrape", "exporter.engines"},
     "exporter.sidecar": {
         "exporter.config",
         "exporter.engines",
         "exporter.scrape",
+        "exporter.accounting",
         "exporter.proxy",
         "exporter.export",
     },
     "exporter.demo": {
         "exporter.config",
         "exporter.measure",
-        "exporter.proxy",  # the workload lines read the proxy's accounting
+        "exporter.accounting",  # the workload lines read the routes' accounting
         "exporter.sidecar",
         "exporter.sim",
         "exporter.demo_prometheus",

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.config import ModelConfig, StepTimePoint, Target
 from exporter.core.counts import Counts
 from exporter.core.payoff import decode_steps, geometric_positions
@@ -23,7 +24,6 @@ from exporter.measure.curve import Level, Phase
 from exporter.measure.runner import Request, ScenarioResult
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import Result
-from exporter.proxy.accounting import Accounting, RequestOutcome
 from exporter.scrape.target import TargetState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

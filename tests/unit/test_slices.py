@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.core.counts import Counts
 from exporter.core.slices import (
     BANDS,
@@ -25,7 +26,6 @@ from exporter.core.slices import (
     temperature_band,
 )
 from exporter.core.windows import DEFAULT_WINDOWS
-from exporter.proxy.accounting import Accounting, RequestOutcome
 
 
 @pytest.mark.parametrize(

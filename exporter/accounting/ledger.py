@@ -17,7 +17,18 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TypeVar
 
+from exporter.accounting.snapshot import (
+    DecodeKey,
+    Histogram,
+    RouteKey,
+    SliceChange,
+    SliceKey,
+    Snapshot,
+    WindowReading,
+)
 from exporter.config import Breakdown, ModelConfig
 from exporter.core.counts import MAX_DRAFT_LENGTH, Counts, total
 from exporter.core.payoff import Decode, Load, decode_steps
@@ -26,9 +37,6 @@ from exporter.core.slices import SliceCounts, Slices
 from exporter.core.stats import RequestMoments
 from exporter.core.windows import History, Window
 
-RouteKey = tuple[str, str]  # (route, model_name)
-DecodeKey = tuple[str, str, str]  # (route, model_name, source): whose steps are exact
-SliceKey = tuple[str, str, str, str]  # (route, model_name, dimension, band)
 BASELINE_SNAPSHOTS = 500  # a breakdown baseline's snapshots: a day's at ~3-minute spacing
 DEFAULT_BREAKDOWN = Breakdown()
 OTHER_MODEL = "_other"
@@ -57,13 +65,13 @@ class Buckets:
         self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value, or +Inf
         self.sum += value
 
-    def cumulative(self) -> list[tuple[str, float]]:
+    def read(self) -> Histogram:
         running, out = 0, []
         counts = self.counts or [0] * (len(self.bounds) + 1)
         for bound, count in zip([*map(str, map(float, self.bounds)), "+Inf"], counts, strict=True):
             running += count
             out.append((bound, float(running)))
-        return out
+        return Histogram(tuple(out), self.sum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,18 +448,67 @@ class Accounting:
         for k, vector in given.items():
             self.estimated[k] = Counts(vector[0], vector[1], vector[ACCEPTED_AT], tuple(vector[3:]))
 
-    def snapshot(self) -> dict[RouteKey, Counts]:
+    def summed(self) -> dict[RouteKey, Counts]:
         """Exact plus estimated counts per route: what the rolling windows are computed on."""
         keys = {*self.exact, *self.estimated}
         return {k: self.exact.get(k, Counts()) + self.estimated.get(k, Counts()) for k in keys}
 
+    def read(
+        self, now: float, running: Callable[[Window], Mapping[str, float]] = lambda _: {}
+    ) -> Snapshot:
+        """Everything a scrape shows, at `now`, as one immutable reading; `running`: the
+        engine's mean batch per model over a window (the fronted target's), for the routes'
+        load."""
+        windows = tuple(
+            WindowReading(
+                window,
+                _fixed(self.route_windows(window, now, running(window))),
+                total(list(self.engine_history.increase(window, now).values())),
+                _fixed(self.moments_history.increase(window, now)),
+            )
+            for window in self.history.windows
+        )
+        change = SliceChange(
+            self.breakdown.window,
+            self.breakdown.baseline,
+            _fixed(self.slice_history.increase(self.breakdown.window, now)),
+            _fixed(self.slice_baseline.increase(self.breakdown.baseline, now, True)),
+        )
+        return Snapshot(
+            requests=_fixed(self.requests),
+            without_exact=_fixed(self.without_exact),
+            steps_by_length=_fixed(self.steps_by_length),
+            exact=_fixed(self.exact),
+            estimated=_fixed(self.estimated),
+            generation_tokens=_fixed(self.generation_tokens),
+            decode=_fixed(self.decode),
+            ttft=_fixed({k: b.read() for k, b in self.ttft.items()}),
+            decode_rate=_fixed({k: b.read() for k, b in self.decode_rate.items()}),
+            moments=_fixed(self.moments),
+            acceptance=_fixed({k: b.read() for k, b in self.acceptance.items()}),
+            below_breakeven=_fixed(self.below_breakeven),
+            runaway=_fixed(self.runaway),
+            slices=_fixed(self.slices),
+            windows=windows,
+            change=change,
+        )
+
     def tick(self, now: float) -> None:
-        self.history.record(now, self.snapshot())
+        self.history.record(now, self.summed())
         self.decode_history.record(now, dict(self.decode))
         self.moments_history.record(now, dict(self.moments))
         self.engine_history.record(now, self.engine_work)
         self.slice_history.record(now, dict(self.slices))
         self.slice_baseline.record(now, dict(self.slices))
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _fixed(table: Mapping[K, V]) -> Mapping[K, V]:
+    """A copy no reader can change (the values are immutable already)."""
+    return MappingProxyType(dict(table))
 
 
 def _utf8(text: str) -> bool:
