@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from exporter.core import reasons
-from exporter.core.counts import BadSpecObject, Counts, from_spec_object, spec_steps_by_length
+from exporter.core.counts import Counts
 
 
 class Role(StrEnum):
@@ -106,19 +106,10 @@ class Engine:
         raise NotImplementedError
 
     def request_figures(self, response: Response) -> RequestFigures:
-        """The per-request object of a 200 (vLLM's `metrics.speculative_decoding` by default)."""
+        """A 200's own counts, where the engine sends them; none here (`without_object`)."""
         if not response.single:
             return RequestFigures(None, reasons.N_ABOVE_1)
-        metrics = response.doc.get("metrics")
-        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-        if spec is None:
-            return RequestFigures(None, self.without_object)
-        if not isinstance(spec, dict):
-            return RequestFigures(None, reasons.UNKNOWN_SHAPE)
-        try:
-            return RequestFigures(from_spec_object(spec), None, 1, spec_steps_by_length(spec))
-        except BadSpecObject:
-            return RequestFigures(None, reasons.UNKNOWN_SHAPE)
+        return RequestFigures(None, self.without_object)
 
     def details_event(self, event: bytes) -> bool:
         """A stream event of its own carrying the request's figures (SGLang's `sglext` event,
@@ -179,8 +170,8 @@ class Engine:
 
     def stream_counts(self, events: Sequence[Mapping[str, Any]]) -> Counts | None:
         """A streamed completion's own counts, from its events without content (the finish,
-        usage and details events) as this engine sends them; None when it sent none. vLLM's
-        object rides on the usage event."""
+        usage and details events) as this engine sends them; None when it sent none. Here: the
+        figures `request_figures` reads on the usage event."""
         usage = next((e for e in reversed(events) if e.get("usage") and not e.get("choices")), None)
         if usage is None:
             return None

@@ -1,8 +1,8 @@
 """The llama.cpp server: vLLM's four counter names under `llamacpp:` (no labels but the
-position), the batch in `llamacpp:requests_processing`, and per request `timings.draft_n` /
-`draft_n_accepted` (its own draft and accepted tokens, not its steps). It sends no per-request
-object; a stream that asks for usage gets its timings moved to the usage chunk, which would
-then have to go: nothing is asked."""
+position; `vllm.spec_decode_families`), the batch in `llamacpp:requests_processing`, and per
+request `timings.draft_n` / `draft_n_accepted` (its own draft and accepted tokens, not its
+steps). It sends no per-request object; a stream that asks for usage gets its timings moved to
+the usage chunk, which would then have to go: nothing is asked."""
 
 from __future__ import annotations
 
@@ -10,20 +10,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.core.counts import MAX_DRAFT_LENGTH, Counts
-from exporter.engines.base import Role
-from exporter.engines.vllm import Vllm
+from exporter.engines.base import Engine, EngineFamilies, Role
+from exporter.engines.vllm import spec_decode_counts, spec_decode_families
 
 
-class Llamacpp(Vllm):
+class Llamacpp(Engine):
     kind = "llamacpp"
     prefix = "llamacpp:"
-    running_suffix = "requests_processing"
     exact_per_request = frozenset((Role.DRAFT_TOKENS, Role.ACCEPTED))
     asks_stream_usage = False
     asks_event_usage = False
     # llama-server (llama-cpp-python 0.3.36's vendored build) closes the connection after a
     # streamed response, though its head says `Keep-Alive: timeout=5, max=100`
     keeps_chunked_connections = False
+
+    def families(self, prefix: str | None = None) -> EngineFamilies:
+        own = self.prefix if prefix is None else prefix
+        return spec_decode_families(self, own, "requests_processing")
+
+    def series_counts(
+        self, values: dict[str, float], accepted: dict[int, float], drafted: dict[int, float]
+    ) -> Counts | None:
+        return spec_decode_counts(values, accepted)
 
     def worker_fields(self, worker: int) -> dict[str, Any]:
         """Worker w in slot w (`id_slot`, wrapped by the server past its slots; a busy one waits).
