@@ -66,12 +66,7 @@ class Buckets:
         self.sum += value
 
     def read(self) -> Histogram:
-        running, out = 0, []
-        counts = self.counts or [0] * (len(self.bounds) + 1)
-        for bound, count in zip([*map(str, map(float, self.bounds)), "+Inf"], counts, strict=True):
-            running += count
-            out.append((bound, float(running)))
-        return Histogram(tuple(out), self.sum)
+        return Histogram(self.bounds, tuple(self.counts), self.sum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,15 +449,16 @@ class Accounting:
         return {k: self.exact.get(k, Counts()) + self.estimated.get(k, Counts()) for k in keys}
 
     def read(
-        self, now: float, running: Callable[[Window], Mapping[str, float]] = lambda _: {}
+        self, now: float, running: Callable[[Window], Mapping[str, float]] | None = None
     ) -> Snapshot:
         """Everything a scrape shows, at `now`, as one immutable reading; `running`: the
         engine's mean batch per model over a window (the fronted target's), for the routes'
-        load."""
+        load; None: a reader that formats no route's window (the request-level view), whose
+        windows then hold no routes (they cost a scrape most of its time)."""
         windows = tuple(
             WindowReading(
                 window,
-                _fixed(self.route_windows(window, now, running(window))),
+                _fixed({} if running is None else self.route_windows(window, now, running(window))),
                 total(list(self.engine_history.increase(window, now).values())),
                 _fixed(self.moments_history.increase(window, now)),
             )

@@ -22,10 +22,20 @@ SliceKey = tuple[str, str, str, str]  # (route, model_name, dimension, band)
 
 @dataclass(frozen=True, slots=True)
 class Histogram:
-    """A histogram as exposed: cumulative counts by upper bound ("+Inf" last), and the sum."""
+    """A histogram's counts per bucket (the last past every bound) and the sum of what it saw."""
 
-    cumulative: tuple[tuple[str, float], ...]
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
     sum: float
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """The counts by upper bound, cumulative, "+Inf" last: as exposed."""
+        running, out = 0, []
+        counts = self.counts or (0,) * (len(self.bounds) + 1)
+        for bound, count in zip([*map(str, map(float, self.bounds)), "+Inf"], counts, strict=True):
+            running += count
+            out.append((bound, float(running)))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +45,7 @@ class WindowReading:
     apportioned it, and the exact requests' moments per route."""
 
     window: Window
-    routes: Mapping[RouteKey, RouteWindow]
+    routes: Mapping[RouteKey, RouteWindow]  # empty where the reader asked for no batch
     engine: Counts
     moments: Mapping[RouteKey, RequestMoments]
 

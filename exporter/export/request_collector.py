@@ -85,7 +85,7 @@ class RequestCollector(FamiliesCollector):
             labels=ROUTE_LABELS,
         )
         for key, observed in sorted(acc.acceptance.items()):
-            histogram.add_metric(list(key), list(observed.cumulative), observed.sum)
+            histogram.add_metric(list(key), observed.cumulative(), observed.sum)
         yield from (slower, runaway, histogram)
         yield from self._windows(acc)
 

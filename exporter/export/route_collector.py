@@ -195,7 +195,7 @@ class RouteCollector(FamiliesCollector):
         ):
             family = HistogramMetricFamily(name, doc, labels=ROUTE_LABELS)
             for key, histogram in sorted(table.items()):
-                family.add_metric(list(key), list(histogram.cumulative), histogram.sum)
+                family.add_metric(list(key), histogram.cumulative(), histogram.sum)
             yield family
 
     def _windows(self, acc: Snapshot) -> Iterator[Metric]:

@@ -198,7 +198,7 @@ def test_the_request_level_view_of_exact_requests() -> None:
     assert moments.accepted_squared == 27**2 + 30**2 + 30**2 + 3**2
     assert moments.draft_tokens_squared == 4 * 900
     assert moments.accepted_times_draft_tokens == 30 * 90
-    histogram = dict(acc.acceptance[("a", M)].read().cumulative)
+    histogram = dict(acc.acceptance[("a", M)].read().cumulative())
     assert histogram["+Inf"] == 4 and histogram["0.1"] == 1 and histogram["0.9"] == 2
     assert acc.below_breakeven[("a", M)] == 1
     assert acc.runaway[("a", M)] == 1

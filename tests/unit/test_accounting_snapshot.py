@@ -13,7 +13,7 @@ from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.accounting.snapshot import Snapshot
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts
-from exporter.core.windows import parse_window
+from exporter.core.windows import Window, parse_window
 from exporter.engines import DEFAULT
 from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector
@@ -21,6 +21,10 @@ from exporter.export.route_collector import RouteCollector
 M = "m"
 WINDOW = parse_window("1m")
 ONE = Counts(10, 30, 12, (6, 4, 2))
+
+
+def no_batch(_: Window) -> dict[str, float]:
+    return {}
 
 
 def ledger() -> Accounting:
@@ -39,13 +43,13 @@ def test_a_snapshot_stays_as_read_while_the_ledger_moves_on() -> None:
     acc.tick(30.0)
     acc.record(exact("a"))
     acc.tick(60.0)
-    first = acc.read(60.0)
+    first = acc.read(60.0, no_batch)
     assert first.exact[("a", M)] == ONE + ONE
     assert first.requests[("a", M, "200", "other")] == 2
     (window,) = first.windows
     assert window.window == WINDOW and window.routes[("a", M)].counts == ONE + ONE
     assert window.moments[("a", M)].requests == 2
-    assert first.ttft[("a", M)].cumulative[-1] == ("+Inf", 2.0)
+    assert first.ttft[("a", M)].cumulative()[-1] == ("+Inf", 2.0)
     before = repr(first)
 
     for _ in range(3):
@@ -53,9 +57,13 @@ def test_a_snapshot_stays_as_read_while_the_ledger_moves_on() -> None:
         acc.record(exact("b"))
     acc.tick(90.0)
     assert repr(first) == before  # the ledger moved; the snapshot did not
-    later = acc.read(90.0)
+    later = acc.read(90.0, no_batch)
     assert later.exact[("a", M)] == ONE + ONE + ONE + ONE + ONE
     assert ("b", M) in later.windows[0].routes and ("b", M) not in first.windows[0].routes
+    # a reader that gives no batch formats no route window: it gets none, the rest the same
+    plain = acc.read(90.0)
+    assert not plain.windows[0].routes and plain.windows[0].moments == later.windows[0].moments
+    assert plain.exact == later.exact
 
 
 def test_nobody_can_change_a_snapshot() -> None:
