@@ -234,7 +234,7 @@ class Sidecar:
 
     async def _landing(self, _: web.Request) -> web.Response:
         targets = "".join(
-            f"<li>{html.escape(t.name)}: {html.escape(redact(t.url))} ({t.engine})</li>"
+            f"<li>{html.escape(t.name)}: {html.escape(redact(t.url))} ({t.kind})</li>"
             for t in self.config.targets
         )
         proxy = ""
@@ -352,10 +352,10 @@ def _proxied_engine(config: Config) -> Engine:
     """The proxied engine's kind (`proxy.engine`, else the fronted target's), which decides
     what the proxy asks it for: vLLM's usage, SGLang's spec details, nothing of llama.cpp."""
     proxy = config.proxy
-    if proxy is not None and proxy.engine is not None:
-        return engine(proxy.engine)
+    if proxy is not None and proxy.kind is not None:
+        return engine(proxy.kind)
     name = None if proxy is None else proxy.target
     if name is None and len(config.targets) == 1:
         name = config.targets[0].name
     fronted = next((t for t in config.targets if t.name == name), None)
-    return DEFAULT if fronted is None else engine(fronted.engine)
+    return DEFAULT if fronted is None else engine(fronted.kind)

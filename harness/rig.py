@@ -69,7 +69,7 @@ async def sidecar(
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
-        targets=(Target("sim", f"{upstream}{path}", engine=kind, interval=0.1),),
+        targets=(Target("sim", f"{upstream}{path}", kind=kind, interval=0.1),),
         windows=windows,
         proxy=ProxyConfig(
             upstream, ("127.0.0.1", proxy_port), "sim", proxy.pop("routes", ROUTES), **proxy

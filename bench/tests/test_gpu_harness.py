@@ -218,7 +218,7 @@ def test_the_printed_block_makes_a_config_that_loads(tmp_path: Path) -> None:
     product.sidecar_config(path, "http://127.0.0.1:9", 9001, "11s", ROUTES, block)
     config = load(path)
     assert config.models[0].name == "bench" and len(config.models[0].step_time) == 2
-    assert config.targets[0].engine == "llamacpp"
+    assert config.targets[0].kind == "llamacpp"
     assert [r.name for r in config.proxy.routes] == ["voice_chat", "coding_agent"]  # type: ignore[union-attr]
     with pytest.raises(RuntimeError, match="no models: block"):
         product.models_block("concurrency ...\n")

@@ -90,7 +90,8 @@ class Target:
 
     name: str = setting(_target_name, fallback=lambda v: default_name(v["url"]))
     url: str = setting(_target_url)
-    engine: str = setting(one_of(KINDS, "an engine kind"), DEFAULT_KIND)
+    # the engine's kind (`engine:` in the YAML): `scrape.target.TargetState.engine` is the engine
+    kind: str = setting(one_of(KINDS, "an engine kind"), DEFAULT_KIND, key="engine")
     prefix: str | None = setting(metric_prefix, None)
     interval: float = setting(Reader.seconds, DEFAULT_INTERVAL)
     timeout: float = setting(Reader.seconds, DEFAULT_TIMEOUT)
@@ -195,8 +196,8 @@ class ProxyConfig:
     body_timeout: float = setting(Reader.seconds, 60.0)  # the whole head -> the whole body
     write_timeout: float = setting(Reader.seconds, 30.0)  # a client not reading -> cut
     idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive: no request under way
-    # the upstream's kind, when no target says it (default: the fronted target's engine)
-    engine: str | None = setting(one_of(KINDS, "an engine kind"), None)
+    # the upstream's kind (`engine:`), when no target says it (default: the fronted target's)
+    kind: str | None = setting(one_of(KINDS, "an engine kind"), None, key="engine")
 
     @property
     def route_names(self) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ class TargetState:
         self.target = target
         self.model = target.model_name or model  # for series the engine leaves unlabelled
         self.curves = curves or {}  # per model_name: its batch is also read on the curve
-        self.engine: Engine = engine(target.engine)
+        self.engine: Engine = engine(target.kind)
         self.families: EngineFamilies = self.engine.families(target.prefix)
         self.store = RunningTotals()
         self.history: History[SeriesKey, Counts] = History(windows)

@@ -42,7 +42,7 @@ async def test_every_byte_is_what_sglang_sent(round_: int) -> None:
     async with (
         simulator(clock=frozen, kind="sglang", seed=round_) as (_, direct),
         simulator(clock=frozen, kind="sglang", seed=round_) as (_, upstream),
-        sidecar(upstream, engine="sglang") as (side, proxy, _),
+        sidecar(upstream, kind="sglang") as (side, proxy, _),
         aiohttp.ClientSession() as session,
     ):
         for path, body in CASES:

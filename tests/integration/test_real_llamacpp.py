@@ -114,7 +114,7 @@ async def sidecar(
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
-        targets=(Target("llamacpp", srv.metrics_url, engine="llamacpp", interval=0.2),),
+        targets=(Target("llamacpp", srv.metrics_url, kind="llamacpp", interval=0.2),),
         windows=(window,),
         proxy=ProxyConfig(srv.base_url, ("127.0.0.1", proxy_port), "llamacpp", ROUTES),
         models=models,

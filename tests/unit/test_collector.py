@@ -34,7 +34,7 @@ trtllm_spec_decode_acceptance_length{{model_name="llama",engine="0"}} 2.5
 
 
 def state(name: str, engine: str = "vllm", windows: tuple[Window, ...] = WINDOWS) -> TargetState:
-    return TargetState(Target(name=name, url=f"http://{name}:8000/metrics", engine=engine), windows)
+    return TargetState(Target(name=name, url=f"http://{name}:8000/metrics", kind=engine), windows)
 
 
 def steady(i: int) -> str:

@@ -139,7 +139,7 @@ def test_a_llamacpp_route_gets_load_aware_speedups_and_options_per_k() -> None:
     model = ModelConfig(MODEL, 3, 1.85, step_time=CURVE)
     acc = Accounting(("voice", "agent"), (WINDOW,), {MODEL: model})
     # the page names no model: the config's one model is the target's (sidecar wiring)
-    state = TargetState(Target("llama", "http://x/metrics", engine="llamacpp"), (WINDOW,), MODEL)
+    state = TargetState(Target("llama", "http://x/metrics", kind="llamacpp"), (WINDOW,), MODEL)
     state.ingest(llamacpp_page(0, (0, 0, 0)), 0.0)
     acc.tick(0.0)
     # every decode step a verify step of 3 drafts, 0.5 / 48 s each (one batch): voice 48
