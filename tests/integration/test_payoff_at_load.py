@@ -256,10 +256,14 @@ def test_the_payoff_at_load_agrees_with_the_ab_truth(rig: Rig, concurrency: int)
             if k:  # the observed steps' k: its option is the route's speedup
                 assert options[k] == pytest.approx(estimated, rel=0.02), (route, options)
     if rig.case.schedule and concurrency == 32:  # the schedule's k = 0: plain steps, x1.0
-        for route, _, ab, _, estimated, measured in report:
+        # ... but for the phases' drains, where the batch falls below 16 and the last requests
+        # (mostly the agent's longer ones) draft at k = 2-3: the window straddles the bands by
+        # that much, which the simulator's own account of the same phases says (`sim`): x1.0
+        # is held to within that and 5 %. A route shown paying while speculation is off fails.
+        for route, _, ab, sim, estimated, measured in report:
             assert ab == pytest.approx(1.0, rel=TOLERANCE), (route, report)
-            assert estimated == pytest.approx(1.0, rel=TOLERANCE), (route, report)
-            assert measured == pytest.approx(1.0, rel=TOLERANCE), (route, report)
+            for figure in (estimated, measured):
+                assert abs(figure - 1.0) <= TOLERANCE + abs(sim - 1.0), (route, report)
         return
     if concurrency == 32:  # at a large batch the low-acceptance route loses
         voice = next(r for r in report if r[0] == "voice_chat")
