@@ -1,14 +1,15 @@
-"""Per-route accounting: exact counts from vLLM's per-request objects, estimates otherwise.
+"""Per-route accounting: exact counts from each engine's per-request figures, estimates otherwise.
 
-Exact: a request whose response carried `metrics.speculative_decoding` adds that object's
-counts to its route, and its own figures to the request-level view: the per-request moments
+Exact: a request whose response stated its own counts (vLLM's `metrics.speculative_decoding`,
+SGLang's spec details; llama.cpp's timings give its draft and accepted tokens, not its steps)
+adds them to its route, and its own figures to the request-level view: the per-request moments
 behind a window's standard error (core/stats.py), its acceptance in a histogram, whether
 speculation made it slower (its own tokens per step below the model's step cost) and whether it
-looks like a repetition loop (acceptance near 1 and cut by max_tokens). Estimated (older vLLM,
-the flag off, n > 1): the request's token increments give an estimated (steps, accepted)
-weight; each tick, the engine's work that no exact request explains is apportioned over the
-routes by those weights, so estimated route counters still add up to the engine's own. Both are
-kept apart by the `source` label.
+looks like a repetition loop (acceptance near 1 and cut by max_tokens). Estimated (no figures
+sent, n > 1): the request's token increments give an estimated (steps, accepted) weight; each
+tick, the engine's work that no exact request explains is apportioned over the routes by those
+weights, so estimated route counters still add up to the engine's own. Both are kept apart by
+the `source` label. `read` gives one immutable snapshot of it all (`snapshot.py`).
 """
 
 from __future__ import annotations
