@@ -6,10 +6,9 @@ adds them to its route, and its own figures to the request-level view: the per-r
 behind a window's standard error (core/stats.py), its acceptance in a histogram, whether
 speculation made it slower (its own tokens per step below the model's step cost) and whether it
 looks like a repetition loop (acceptance near 1 and cut by max_tokens). Estimated (no figures
-sent, n > 1): the request's token increments give an estimated (steps, accepted) weight; each
-tick, the engine's work that no exact request explains is apportioned over the routes by those
-weights, so estimated route counters still add up to the engine's own. Both are kept apart by
-the `source` label. `read` gives one immutable snapshot of it all (`snapshot.py`).
+sent, n > 1): the engine's work that no exact request explains, shared out over the routes by
+their requests' tokens (`apportion.py`). Both are kept apart by the `source` label. `read`
+gives one immutable snapshot of it all (`snapshot.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
+from exporter.accounting.apportion import Apportioner
 from exporter.accounting.snapshot import (
     DecodeKey,
     Histogram,
@@ -40,8 +40,6 @@ from exporter.core.windows import History, Window
 
 BASELINE_SNAPSHOTS = 500  # a breakdown baseline's snapshots: a day's at ~3-minute spacing
 DEFAULT_BREAKDOWN = Breakdown()
-OTHER_MODEL = "_other"
-MAX_MODEL_NAME = 128  # characters of a model_name label value
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_BUCKETS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200, 300, 500, 1000)
 # per-request acceptance: fine near 0 (collapsed drafts) and near 1 (repetition loops)
@@ -91,16 +89,6 @@ class RequestOutcome:
     slices: Slices = ()  # its band of each dimension (core.slices)
 
 
-@dataclass(slots=True)
-class _Weight:
-    steps: float = 0.0
-    accepted: float = 0.0
-
-    @property
-    def tokens_per_step(self) -> float | None:
-        return 1 + self.accepted / self.steps if self.steps else None
-
-
 def finish_label(reason: object) -> str:
     """A finish_reason label value: one of the known reasons, or "other"."""
     return reason if isinstance(reason, str) and reason in FINISH_REASONS else "other"
@@ -112,15 +100,12 @@ class Accounting:
         routes: Sequence[str],
         windows: Sequence[Window],
         models: Mapping[str, ModelConfig],
-        max_models: int = 16,
         breakdown: Breakdown = DEFAULT_BREAKDOWN,
     ) -> None:
         self.routes = tuple(routes)
         self.models = models
-        self.max_models = max_models
-        self.model_names: set[str] = set()
         self.exact: dict[RouteKey, Counts] = {}
-        self.estimated: dict[RouteKey, Counts] = {}
+        self.apportioner = Apportioner()  # the estimated counts, and what they are shared by
         self.requests: Counter[tuple[str, str, str, str]] = Counter()  # + status, finish
         # decode steps by draft length (a str: the label), of the requests that stated them
         self.steps_by_length: Counter[tuple[str, str, str]] = Counter()
@@ -153,13 +138,6 @@ class Accounting:
         self.slice_baseline: History[SliceKey, SliceCounts] = History(
             (breakdown.baseline,), True, breakdown.baseline.seconds / BASELINE_SNAPSHOTS
         )
-        self._weights: dict[RouteKey, _Weight] = {}  # cumulative estimated (steps, accepted)
-        self._streamed: dict[RouteKey, _Weight] = {}  # the part of it seen in token increments
-        self._tokens_only: Counter[RouteKey] = Counter()  # estimated requests without increments
-        # llama.cpp: the exact requests' draft and accepted tokens not yet weighed
-        self._drafted: dict[RouteKey, Counts] = {}
-        self._draft_tokens_per_step: dict[str, float] = {}  # the engine's, per model_name
-        self._exact_by_model: dict[str, Counts] = {}
 
     def reconfigure(
         self,
@@ -187,19 +165,6 @@ class Accounting:
         self.decode_history = self.decode_history.with_windows(windows)
         self.moments_history = self.moments_history.with_windows(windows)
         self.engine_history = self.engine_history.with_windows(windows)
-
-    def label_model(self, name: str | None) -> str:
-        """A model_name label value: served names as upstream reports them, bounded in number
-        and length; one that is not printable UTF-8 (a lone surrogate, a control byte) is
-        `_other`, so no upstream reply can break the sidecar's page."""
-        if not name:
-            return ""
-        if len(name) > MAX_MODEL_NAME or not name.isprintable() or not _utf8(name):
-            return OTHER_MODEL
-        if name in self.model_names or len(self.model_names) < self.max_models:
-            self.model_names.add(name)
-            return name
-        return OTHER_MODEL
 
     def draft_length(self, model: str) -> int:
         """The most draft tokens a step of `model` can have: the configured k, else the
@@ -233,23 +198,14 @@ class Accounting:
             own = Counts(0.0, float(tokens), float(accepted))
             self._add_slices(req, own)
             self._add_exact(key, own)
-            self._drafted[key] = self._drafted.get(key, Counts()) + own  # weighed when apportioned
-            per_step = self._draft_tokens_per_step.get(req.model_name)
-            steps = tokens / per_step if per_step else None
+            steps = self.apportioner.drafted(key, own)
             self._request_view(key, own, req.finish_reason, steps)
         elif req.increments:
             config = self.models.get(req.model_name)
             k = None if config is None else config.num_speculative_tokens
-            for weight in (
-                self._weights.setdefault(key, _Weight()),
-                self._streamed.setdefault(key, _Weight()),
-            ):
-                for tokens in req.increments[1:]:  # the first content event is prefill's token
-                    steps = 1 if k is None else max(1, -(-tokens // (k + 1)))
-                    weight.steps += steps
-                    weight.accepted += tokens - steps
+            self.apportioner.streamed(key, req.increments, k)
         elif req.completion_tokens:
-            self._tokens_only[key] += req.completion_tokens
+            self.apportioner.tokens_only(key, req.completion_tokens)
 
     def decoded(
         self, window: Window, now: float, partial: bool = False
@@ -338,8 +294,7 @@ class Accounting:
 
     def _add_exact(self, key: RouteKey, counts: Counts) -> None:
         self.exact[key] = self.exact.get(key, Counts()) + counts
-        model = key[1]
-        self._exact_by_model[model] = self._exact_by_model.get(model, Counts()) + counts
+        self.apportioner.explained(key[1], counts)
 
     def _request_view(
         self, key: RouteKey, exact: Counts, finish_reason: str, steps: float | None = None
@@ -364,85 +319,15 @@ class Accounting:
         if finish_reason == "length" and acceptance >= RUNAWAY_ACCEPTANCE:
             self.runaway[key] += 1
 
+    @property
+    def estimated(self) -> dict[RouteKey, Counts]:
+        return self.apportioner.estimated
+
     def apportion(self, engine_by_model: dict[str, Counts]) -> None:
-        """Give the engine work no exact request explains to the routes with estimates.
-
-        `engine_by_model` is the engine's cumulative work per model_name since the proxy
-        started. Each route's cumulative share of that unexplained work follows its cumulative
-        estimated weight (steps for drafts, draft tokens and positions; accepted tokens for
-        accepted); a route only ever receives more, so its counters never go down. An engine
-        whose counters carry no model_name (llama.cpp: one model per server) is every model's.
-        """
+        """Share the engine's cumulative work per model_name that no exact request explains
+        over the routes with estimates (`apportion.py`); kept, for the windows' coverage."""
         self.engine_work = {(model,): work for model, work in engine_by_model.items()}
-        for model, engine in engine_by_model.items():
-            # SGLang's page counts no draft or accepted tokens: its routes are all exact anyway
-            steps, accepted, tokens = engine.drafts, engine.accepted, engine.draft_tokens
-            if steps is None or steps <= 0 or accepted is None or tokens is None:
-                continue
-
-            def served(key: RouteKey, model: str = model) -> bool:
-                return model == "" or key[1] == model
-
-            self._weigh(model, served, 1 + accepted / steps, tokens / steps or 1.0)
-            weights = {k: w for k, w in self._weights.items() if served(k)}
-            if not weights:
-                continue
-            explained = (
-                total(list(self._exact_by_model.values()))
-                if model == ""
-                else self._exact_by_model.get(model, Counts())
-            )
-            self._share_out(_vector(engine - explained), weights)
-
-    def _weigh(
-        self,
-        model: str,
-        served: Callable[[RouteKey], bool],
-        tokens_per_step: float,
-        draft_tokens_per_step: float,
-    ) -> None:
-        """Turn the requests without steps of `model` into estimated weights: llama.cpp's
-        (exact draft and accepted tokens) at the engine's draft tokens per step, and their own
-        accepted tokens; the unstreamed ones (tokens only) at the route's own streamed tokens
-        per step, else the engine's."""
-        self._draft_tokens_per_step[model] = draft_tokens_per_step
-        for key in [k for k in self._drafted if served(k)]:
-            drafted = self._drafted.pop(key)
-            weight = self._weights.setdefault(key, _Weight())
-            weight.steps += (drafted.draft_tokens or 0.0) / draft_tokens_per_step
-            # the accepted tokens no request explains (those of requests cut short: the
-            # client left, their timings never came) go by the routes' own accepted tokens,
-            # not evenly: evenly, a low-acceptance route reads high (docs/metrics.md)
-            weight.accepted += drafted.accepted or 0.0
-        for key in [k for k in self._tokens_only if served(k)]:
-            produced = self._tokens_only.pop(key)
-            weight = self._weights.setdefault(key, _Weight())
-            seen = self._streamed.get(key)
-            per_step = (seen and seen.tokens_per_step) or tokens_per_step
-            weight.steps += produced / per_step
-            weight.accepted += produced - produced / per_step
-
-    def _share_out(self, unexplained: list[float], weights: dict[RouteKey, _Weight]) -> None:
-        """Raise each route's estimated counts toward its share of `unexplained` (a `_vector`),
-        never lowering one: accepted tokens by the estimated accepted tokens, the rest (drafts,
-        draft tokens, positions) by the estimated steps."""
-        given = {k: _vector(self.estimated.get(k, Counts()), len(unexplained)) for k in weights}
-        steps = sum(w.steps for w in weights.values())
-        accepted = sum(w.accepted for w in weights.values())
-        even = 1 / len(weights)
-        by_steps = {k: w.steps / steps if steps else even for k, w in weights.items()}
-        by_accepted = {k: w.accepted / accepted if accepted else even for k, w in weights.items()}
-        for index, work in enumerate(unexplained):
-            share = by_accepted if index == ACCEPTED_AT else by_steps
-            available = work - sum(g[index] for g in given.values())
-            deficits = {k: max(0.0, work * share[k] - given[k][index]) for k in weights}
-            owed = sum(deficits.values())
-            if available > 0 and owed > 0:
-                scale = min(1.0, available / owed)
-                for k in weights:
-                    given[k][index] += deficits[k] * scale
-        for k, vector in given.items():
-            self.estimated[k] = Counts(vector[0], vector[1], vector[ACCEPTED_AT], tuple(vector[3:]))
+        self.apportioner.apportion(engine_by_model)
 
     def summed(self) -> dict[RouteKey, Counts]:
         """Exact plus estimated counts per route: what the rolling windows are computed on."""
@@ -506,20 +391,3 @@ V = TypeVar("V")
 def _fixed(table: Mapping[K, V]) -> Mapping[K, V]:
     """A copy no reader can change (the values are immutable already)."""
     return MappingProxyType(dict(table))
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-ACCEPTED_AT = 2  # where `_vector` puts the accepted tokens
-
-
-def _vector(c: Counts, width: int = 0) -> list[float]:
-    """drafts, draft tokens, accepted, positions... as one list (padded to `width`)."""
-    values = [c.drafts or 0.0, c.draft_tokens or 0.0, c.accepted or 0.0, *c.per_position]
-    return values + [0.0] * (width - len(values))

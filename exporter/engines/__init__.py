@@ -1,6 +1,7 @@
-"""The serving engines the sidecar reads, one module each behind `base.Engine`; this registry
-is what a config's `engine:` is checked against. Adding an engine is one module here and its
-recorded fixtures (tests/inprocess/test_engine_contracts.py runs each through the same contracts;
+"""The serving engines the sidecar reads, one module each behind `base.Engine` (each side sees
+it through its own hooks); this registry is what a config's `engine:` is checked against.
+Adding an engine is one module here and its recorded fixtures
+(tests/inprocess/test_engine_contracts.py runs each through the same contracts;
 tests/unit/test_engine_registry.py checks the registry itself)."""
 
 from __future__ import annotations

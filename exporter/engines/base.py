@@ -1,14 +1,17 @@
-"""What the sidecar knows of a serving engine, behind one small interface: which /metrics
-families carry its speculative-decoding counters and how a series of them reads as `Counts`,
-what the proxy asks of a completion request, and how a finished response's per-request figures
-read. One module per engine implements it; `exporter.engines` is the registry."""
+"""What the sidecar knows of a serving engine, as one protocol per concern: `ScrapeHooks` (which
+/metrics families carry its speculative-decoding counters and how a series of them reads as
+`Counts`), `ProxyHooks` (what the proxy asks of a completion request, how a finished response's
+per-request figures read) and `LoadHooks` (the body members and events a load generator uses).
+Each side is typed with its own, so it can lean on no other's. `Engine` gives every hook a
+neutral default; one module per engine overrides what differs, and `exporter.engines` is the
+registry."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from exporter.core import reasons
 from exporter.core.counts import Counts
@@ -32,7 +35,7 @@ RUNNING = "running_requests"  # the engine's batch: requests in model execution 
 class EngineFamilies:
     """Family base names (without `_total` / `_created`) for one engine and prefix."""
 
-    engine: Engine
+    engine: ScrapeHooks
     lead: str  # the common start of the counter names: what a page is scanned for
     roles: dict[str, Role]
     position_label: str = "position"
@@ -71,8 +74,70 @@ class Response:
     single: bool
 
 
+class ScrapeHooks(Protocol):
+    """The scrape side's: an engine's /metrics families and how one series of them reads."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def exact_per_request(self) -> frozenset[Role]: ...
+    @property
+    def sums_series_labels(self) -> bool: ...
+    @property
+    def running_gauge(self) -> str | None: ...
+    def families(self, prefix: str | None = None) -> EngineFamilies: ...
+    def speculates(self, values: dict[str, float]) -> bool: ...
+    def series_counts(
+        self, values: dict[str, float], accepted: dict[int, float], drafted: dict[int, float]
+    ) -> Counts | None: ...
+
+
+class RequestHooks(Protocol):
+    """What both the proxy and a load generator need of a completion request: the flag that asks
+    for figures, whether a streamed connection stays open, and the timings and prompt a finished
+    one states."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def request_flag(self) -> str | None: ...
+    @property
+    def keeps_chunked_connections(self) -> bool: ...
+    def timings(
+        self, doc: Mapping[str, Any], streamed: Mapping[str, Any] | None
+    ) -> tuple[Mapping[str, Any], int]: ...
+    def prompt_tokens(self, usage: Mapping[str, Any], timings: Mapping[str, Any]) -> int | None: ...
+
+
+class ProxyHooks(RequestHooks, Protocol):
+    """The proxy's: what else it asks of a completion request, what it strips from the answer,
+    and how a finished response's own figures read."""
+
+    @property
+    def asks_stream_usage(self) -> bool: ...
+    @property
+    def asks_event_usage(self) -> bool: ...
+    def request_figures(self, response: Response) -> RequestFigures: ...
+    def details_event(self, event: bytes) -> bool: ...
+    def event_details(self, doc: Mapping[str, Any] | None) -> object: ...
+    def without_asked(self, data: bytes) -> bytes: ...
+    def reads_finish_event(self, event: bytes) -> bool: ...
+    def finish_timings(self, doc: Mapping[str, Any]) -> dict[str, Any] | None: ...
+    def drafted(self, timings: Mapping[str, Any], draft_length: int) -> tuple[int, int] | None: ...
+
+
+class LoadHooks(RequestHooks, Protocol):
+    """A load generator's (`measure`, the bench): the members that pin a worker or a draft
+    length, and a stream's own counts."""
+
+    def worker_fields(self, worker: int) -> dict[str, Any]: ...
+    def draft_length_fields(self, draft_length: int) -> dict[str, Any] | None: ...
+    def stream_counts(self, events: Sequence[Mapping[str, Any]]) -> Counts | None: ...
+
+
 class Engine:
-    """One engine kind. Subclasses set the class attributes and override what differs."""
+    """One engine kind, with every side's hooks. Subclasses set the class attributes and
+    override what differs."""
 
     kind: ClassVar[str]  # its name in the config (`engine:`)
     prefix: ClassVar[str]  # its own metric prefix

@@ -18,7 +18,7 @@ from exporter.config import ModelConfig
 from exporter.core.counts import total
 from exporter.core.reading import RouteReading, read_route
 from exporter.core.slices import SliceCounts, change_parts
-from exporter.engines.base import Engine, Role
+from exporter.engines.base import Role, ScrapeHooks
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.scrape.target import TargetState
 
@@ -33,7 +33,7 @@ class RouteCollector(FamiliesCollector):
         accounting: Accounting,
         models: dict[str, ModelConfig],
         target: TargetState | None,
-        upstream: Engine,
+        upstream: ScrapeHooks,
         clock: Callable[[], float],
     ) -> None:
         self.accounting = accounting

@@ -20,7 +20,7 @@ The engine's running requests (its batch gauge, `Engine.running_gauge`) are samp
   own counts (`core.payoff.decode_steps`: decode tokens - accepted drafts; vLLM's objects and
   llama.cpp's timings both state the accepted drafts);
 - tokens per step, decode rates and the speedup (spec rate / plain rate);
-- where the engine takes a draft length per request (`Engine.draft_length_fields`: llama.cpp),
+- where the engine takes a draft length per request (`LoadHooks.draft_length_fields`: llama.cpp),
   phases at one draft a step and at k - 1 give the verify step's seconds there
   (`draft_seconds`): a step's cost is neither linear in k from a plain step (a draft model
   costs a fixed part of a plain step whatever k) nor in k (the first drafts cost more than
@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 
 from exporter.core.counts import Counts
-from exporter.engines.base import Engine
+from exporter.engines.base import LoadHooks
 from exporter.measure.runner import (
     MeasureError,
     Plan,
@@ -347,7 +347,7 @@ async def _phase(
 
 
 async def _shorter_drafts(
-    level: Level, scenarios: list[Scenario], engine: Engine, run: Callable[..., Awaitable[None]]
+    level: Level, scenarios: list[Scenario], engine: LoadHooks, run: Callable[..., Awaitable[None]]
 ) -> bool:
     """Phases at 1 and k - 1 drafts a step (k: what the level's speculative phase drafted),
     each `run(scenarios, phase=...)` against the speculative endpoint; False where the engine

@@ -21,7 +21,7 @@ import aiohttp
 from exporter.core.counts import Counts, ratios, total
 from exporter.core.payoff import decode_steps
 from exporter.engines import DEFAULT, recognise
-from exporter.engines.base import Engine
+from exporter.engines.base import Engine, LoadHooks
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import RequestFailed, Result, stream_chat
 from exporter.scrape.derive import delta
@@ -89,7 +89,7 @@ class ScenarioResult:
         }
 
 
-def prompt_tokens(engine: Engine, result: Result) -> int | None:
+def prompt_tokens(engine: LoadHooks, result: Result) -> int | None:
     """A streamed request's prompt tokens from its events: the usage event's, else the
     engine's timings (llama.cpp's finish event)."""
     usage: dict[str, Any] = {}
@@ -162,7 +162,7 @@ async def detect(metrics_url: str) -> Engine | None:
         return recognise(await engine_page(session, metrics_url))
 
 
-def client_session(engine: Engine) -> aiohttp.ClientSession:
+def client_session(engine: LoadHooks) -> aiohttp.ClientSession:
     """A client session for the engine: a connection is not reused after a stream where the
     engine closes it then (llama-server), or the next request would meet the close."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)

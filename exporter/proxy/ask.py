@@ -1,6 +1,6 @@
 """What the proxy asks the engine for, beyond what the client asked, and what the way back must
 then remove so the client gets the engine's own bytes. Each engine states what it wants
-(`Engine.request_flag`, `asks_stream_usage`, `asks_event_usage`); today:
+(`ProxyHooks.request_flag`, `asks_stream_usage`, `asks_event_usage`); today:
 
 - vLLM (and TensorRT-LLM): a stream's usage event (`include_usage`), where the per-request
   object rides; per-event usage (`continuous_usage_stats`) for token increments while vLLM sends
@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.engines.base import Engine
+from exporter.engines.base import ProxyHooks
 
 _USAGE = {  # spliced into a stream request that set no stream_options
     continuous: json.dumps(
@@ -39,7 +39,7 @@ class Asked:
     strip_spec: bool  # SGLang's details
 
 
-def ask(parsed: dict[str, Any], body: bytes, engine: Engine, objects_missing: bool) -> Asked:
+def ask(parsed: dict[str, Any], body: bytes, engine: ProxyHooks, objects_missing: bool) -> Asked:
     """`body` (the completion request `parsed`) as sent to an `engine` upstream."""
     flag = engine.request_flag
     strip_spec = flag is not None and parsed.get(flag) is not True

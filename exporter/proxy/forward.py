@@ -32,6 +32,7 @@ from exporter.core.slices import request_bands
 from exporter.proxy.ask import ask
 from exporter.proxy.budget import Budget
 from exporter.proxy.connection import ClientConnection, Limits
+from exporter.proxy.labels import ModelLabels
 from exporter.proxy.listener import Listener
 from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
@@ -69,6 +70,7 @@ class Proxy:
     def __init__(self, settings: Settings, accounting: Accounting, faults: Faults) -> None:
         self.settings = settings  # swapped whole by a reload (`swap`); read once per request
         self.accounting = accounting
+        self.model_labels = ModelLabels()  # kept across reloads, as the accounting is
         self.faults = faults
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
@@ -313,7 +315,8 @@ class Proxy:
             return
         try:
             outcome = request_outcome(
-                self.accounting,
+                self.model_labels,
+                self.accounting.draft_length,
                 watch.route,
                 watch.started,
                 watch.single,

@@ -5,38 +5,42 @@ and the SSE tap."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter.accounting.ledger import Accounting, RequestOutcome, finish_label
+from exporter.accounting.ledger import RequestOutcome, finish_label
 from exporter.core import reasons
 from exporter.core.counts import Counts, fits
 from exporter.core.slices import slices
 from exporter.engines import DEFAULT
-from exporter.engines.base import Engine, Response
+from exporter.engines.base import ProxyHooks, Response
+from exporter.proxy.labels import ModelLabels
 from exporter.proxy.sse import StreamTap
 
 
 def request_outcome(
-    acc: Accounting,
+    labels: ModelLabels,
+    draft_length: Callable[[str], int],
     route: str,
     started: float,
     single: bool,
     status: str,
     tap: StreamTap | None,
     doc: dict[str, Any] | None,
-    engine: Engine = DEFAULT,
+    engine: ProxyHooks = DEFAULT,
     bands: tuple[str, str] = ("unset", "text"),
 ) -> RequestOutcome:
-    """`doc`: the decoded response (or a stream's usage event); None when the proxy had to
-    relay it unread (larger than its budget); `bands`: its request's temperature and output
+    """`labels`: the model_name label values given so far; `draft_length`: the most draft
+    tokens a step of a model can have (the accounting's configured k); `doc`: the decoded
+    response (or a stream's usage event); None when the proxy had to relay it unread (larger
+    than its budget); `bands`: its request's temperature and output
     bands (`core.slices.request_bands`)."""
     unread = doc is None
     doc = doc or {}
     usage = doc.get("usage")
     usage = usage if isinstance(usage, dict) else {}
     timings, predicted = engine.timings(doc, tap.timings if tap is not None else None)
-    model = acc.label_model(_model(doc, tap) if status == "200" else None)
+    model = labels.label(_model(doc, tap) if status == "200" else None)
     tokens = _count(usage.get("completion_tokens")) or predicted
     exact = without = drafted = spec_steps = None
     choices = 1
@@ -47,11 +51,11 @@ def request_outcome(
         figures = engine.request_figures(Response(doc, tap is not None, streamed, single))
         exact, without, choices = figures.exact, figures.without, figures.choices
         spec_steps = figures.spec_steps
-    draft_length = acc.draft_length(model)
-    if exact is not None and not fits(exact, draft_length, tokens, choices):
+    k = draft_length(model)
+    if exact is not None and not fits(exact, k, tokens, choices):
         exact, without = None, reasons.IMPLAUSIBLE  # left to the estimate
     if exact is None and not unread:
-        drafted = engine.drafted(timings, draft_length)
+        drafted = engine.drafted(timings, k)
     if without == reasons.NOT_SENT and drafted is not None:
         without = reasons.TOKENS_ONLY  # partly exact: its tokens, not its steps
     ttft = decode = None

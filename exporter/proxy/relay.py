@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.faults import Faults
-from exporter.engines.base import Engine
+from exporter.engines.base import ProxyHooks
 from exporter.proxy.budget import Budget, Hold
 from exporter.proxy.framing import Head
 from exporter.proxy.responses import end_to_end, error_response, release, request_json
@@ -35,7 +35,7 @@ class Watch:
 
     route: str
     started: float
-    engine: Engine  # the request's upstream kind: what it sends, how it is read
+    engine: ProxyHooks  # the request's upstream kind: what it sends, how it is read
     single: bool | None  # None: not accounted
     strip: tuple[bool, bool] | None = None  # a streamed completion: usage members to remove
     content_key: bytes = b""

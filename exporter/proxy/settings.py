@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.config import ProxyConfig
-from exporter.engines.base import Engine
+from exporter.engines.base import ProxyHooks
 from exporter.proxy.connection import Deadlines
 from exporter.proxy.routes import Router
 from exporter.proxy.upstream import Upstream
@@ -18,7 +18,7 @@ from exporter.proxy.upstream import Upstream
 @dataclass(frozen=True, slots=True)
 class Settings:
     config: ProxyConfig
-    engine: Engine  # the upstream's kind: what to ask it for, how its connections behave
+    engine: ProxyHooks  # the upstream's kind: what to ask it for, how its connections behave
     router: Router
     upstream: Upstream  # the pool: kept across a reload that leaves its address and timeouts
     deadlines: Deadlines
@@ -33,7 +33,7 @@ class Settings:
         )
 
 
-def build(config: ProxyConfig, engine: Engine, previous: Settings | None = None) -> Settings:
+def build(config: ProxyConfig, engine: ProxyHooks, previous: Settings | None = None) -> Settings:
     """The settings of `config`; the previous pool where its upstream and timeouts are the same
     (no await: built beside the running settings, nothing of them changed)."""
     where = (config.upstream, config.connect_timeout, config.read_timeout)

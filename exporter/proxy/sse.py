@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.engines import DEFAULT
-from exporter.engines.base import Engine
+from exporter.engines.base import ProxyHooks
 from exporter.proxy.budget import Budget, Hold
 
 FREE_PENDING = 4096  # bytes of a partial event held without the budget (per stream)
@@ -46,7 +46,7 @@ class StreamTap:
     strip_usage_event: bool = False  # the proxy added include_usage
     strip_usage_fields: bool = False  # the proxy added continuous_usage_stats
     strip_spec_details: bool = False  # the proxy asked for figures that ride in the body
-    engine: Engine = DEFAULT  # the upstream's kind: which events carry its figures
+    engine: ProxyHooks = DEFAULT  # the upstream's kind: which events carry its figures
     content_key: bytes = b'"content":"'  # b'"text":"' for /v1/completions
     first_content_at: float | None = None
     last_content_at: float | None = None

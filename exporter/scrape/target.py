@@ -19,7 +19,7 @@ from exporter.core.counts import Counts, total
 from exporter.core.payoff import Batch, StepCurve
 from exporter.core.windows import History, Window
 from exporter.engines import engine
-from exporter.engines.base import RUNNING, Engine, EngineFamilies
+from exporter.engines.base import RUNNING, EngineFamilies, ScrapeHooks
 from exporter.scrape.families import SeriesKey, read_page
 from exporter.scrape.totals import RunningTotals
 
@@ -48,7 +48,7 @@ class TargetState:
         self.target = target
         self.model = target.model_name or model  # for series the engine leaves unlabelled
         self.curves = curves or {}  # per model_name: its batch is also read on the curve
-        self.engine: Engine = engine(target.kind)
+        self.engine: ScrapeHooks = engine(target.kind)
         self.families: EngineFamilies = self.engine.families(target.prefix)
         self.store = RunningTotals()
         self.history: History[SeriesKey, Counts] = History(windows)

@@ -1,4 +1,4 @@
-"""Per-route accounting in process: exact objects add up, the 16-model cap, and `apportion`
+"""Per-route accounting in process: exact objects add up, the model_name label cap, and `apportion`
 handing the engine's unexplained work to estimated routes (their sum is the engine's, shares
 follow the estimates, nothing ever goes down)."""
 
@@ -8,17 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.accounting.ledger import OTHER_MODEL, Accounting, RequestOutcome
+from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts
 from exporter.core.windows import DEFAULT_WINDOWS
+from exporter.proxy.labels import MAX_MODEL_NAME, OTHER_MODEL, ModelLabels
 
 M = "m"
 
 
-def accounting(k: int | None = 3, max_models: int = 16) -> Accounting:
+def accounting(k: int | None = 3) -> Accounting:
     models = {} if k is None else {M: ModelConfig(M, k, 1.78)}
-    return Accounting(("a", "b", "other"), DEFAULT_WINDOWS, models, max_models)
+    return Accounting(("a", "b", "other"), DEFAULT_WINDOWS, models)
 
 
 def estimated(route: str, increments: tuple[int, ...], model: str = M) -> RequestOutcome:
@@ -43,14 +44,23 @@ def test_exact_objects_add_up_per_route_and_only_for_200s() -> None:
 
 
 def test_model_names_are_capped_then_other() -> None:
-    acc = accounting(max_models=16)
+    given = ModelLabels(limit=16)
     names = [f"model-{i}" for i in range(20)]
-    labels = [acc.label_model(n) for n in names]
+    labels = [given.label(n) for n in names]
     assert labels[:16] == names[:16]
     assert labels[16:] == [OTHER_MODEL] * 4
-    assert acc.label_model("model-3") == "model-3"  # a known name keeps its label
-    assert acc.label_model(None) == "" and acc.label_model("") == ""
-    assert len(acc.model_names) == 16
+    assert given.label("model-3") == "model-3"  # a known name keeps its label
+    assert given.label(None) == "" and given.label("") == ""
+    assert len(given.names) == 16
+
+
+@pytest.mark.parametrize(
+    "name", ["m" * (MAX_MODEL_NAME + 1), "bad\x00byte", "lone\ud800surrogate", "tab\tname"]
+)
+def test_a_model_name_that_would_break_the_page_is_other_and_takes_no_slot(name: str) -> None:
+    given = ModelLabels(limit=1)
+    assert given.label(name) == OTHER_MODEL
+    assert given.label("served") == "served"  # the one slot is still free
 
 
 def test_apportion_gives_the_unexplained_work_by_estimated_steps_and_accepted() -> None:

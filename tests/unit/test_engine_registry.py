@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.engines import KINDS, engine
+from exporter.engines import KINDS, base, engine
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYS_ENGINES = ("exporter/engines/", "exporter/sim/")
@@ -79,3 +79,40 @@ def test_the_config_checks_against_the_registry() -> None:
     assert KINDS == ("vllm", "sglang", "llamacpp", "trtllm")
     with pytest.raises(ValueError, match="expected one of vllm, sglang, llamacpp, trtllm"):
         engine("tgi")
+
+
+# each side of the sidecar is typed with its own hooks (mypy holds it to them); none takes `Engine`
+SIDES = {"exporter/scrape/": "ScrapeHooks", "exporter/export/": "ScrapeHooks"}
+SIDES |= {"exporter/proxy/": "ProxyHooks"}
+
+
+def base_names_imported(path: Path) -> set[str]:
+    """The names a module imports from `exporter.engines.base`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "exporter.engines.base"
+        for alias in node.names
+    }
+
+
+def test_each_side_takes_its_own_hooks_not_the_whole_engine() -> None:
+    hooks = {"ScrapeHooks", "ProxyHooks", "LoadHooks", "RequestHooks"}
+    wrong = {
+        f"{path.relative_to(ROOT)}: {sorted(names)}"
+        for side, own in SIDES.items()
+        for path in sorted(ROOT.glob(f"{side}*.py"))
+        if (names := base_names_imported(path) & (hooks - {own} | {"Engine"}))
+    }
+    assert not wrong, wrong
+    assert base_names_imported(ROOT / "exporter/proxy/relay.py") == {"ProxyHooks"}  # can fail
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_engine_has_every_sides_hooks(kind: str) -> None:
+    found = engine(kind)
+    for hooks in (base.ScrapeHooks, base.ProxyHooks, base.LoadHooks):
+        protocols = [c for c in hooks.__mro__ if c.__name__.endswith("Hooks")]
+        members = {m for c in protocols for m in vars(c) if not m.startswith("_")}
+        assert "kind" in members and all(hasattr(found, m) for m in members), (hooks, members)
