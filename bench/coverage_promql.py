@@ -35,7 +35,7 @@ from _traffic import draw
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness.alert_traffic import RULES, group_order, run_promtool  # noqa: E402
+from harness.alert_traffic import ROUTE_COUNTERS, RULES, group_order, run_promtool  # noqa: E402
 
 MEANS = (0.36, 0.71)
 CONCENTRATIONS = (5.0, 15.0)
@@ -49,15 +49,7 @@ P = "route_model_name:specdec_route_exact_acceptance:ratio_rate1m"
 SE = "route_model_name:specdec_route_acceptance_stderr:rate1m"
 HALF = "route_model_name:specdec_route_acceptance_ci_halfwidth:rate1m"
 TRUTH = "coverage_truth"
-COUNTERS = {
-    "draft_tokens": ("specdec_route_draft_tokens_total", ', source="exact"'),
-    "accepted": ("specdec_route_accepted_tokens_total", ', source="exact"'),
-    "requests": ("specdec_route_spec_requests_total", ""),
-    "tt": ("specdec_route_request_draft_tokens_squared_total", ""),
-    "aa": ("specdec_route_request_accepted_tokens_squared_total", ""),
-    "at": ("specdec_route_request_accepted_times_draft_tokens_total", ""),
-    "ttt": ("specdec_route_request_draft_tokens_cubed_total", ""),
-}
+COUNTERS = {k: v for k, v in ROUTE_COUNTERS.items() if k != "drafts"}  # the interval's
 
 
 def route_series(

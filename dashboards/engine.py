@@ -30,6 +30,7 @@ from dashboards.panels import (
     stat,
     steps,
     timeseries,
+    tokens_per_step,
 )
 from dashboards.queries import panel_queries as Q
 
@@ -170,19 +171,12 @@ def panels() -> list[tuple[int, list[Any]]]:
         threshold_style="dashed",
         no_value="No roofline in the models config, or no traffic",
     )
-    tokens = timeseries(
-        "Tokens per step vs the k+1 ceiling",
+    tokens = tokens_per_step(
         "1 + accepted drafts per verify step per engine (5-minute windows); the dashed line is "
         "k + 1, every draft accepted. Restarts of the engine (counters reset) are absorbed by "
         "the sidecar's restart-safe counters.",
-        [
-            (LEGEND, TOKENS_PER_STEP_5M),
-            ("ceiling k+1 ({{model_name}})", Q.tokens_per_step_ceiling()),
-        ],
-        TOKENS_PER_STEP,
-        min_value=1,
-        decimals=2,
-        overrides=[reference_line("B", ORANGE)],
+        (LEGEND, TOKENS_PER_STEP_5M),
+        ("ceiling k+1 ({{model_name}})", Q.tokens_per_step_ceiling()),
     )
     restarts = stat(
         "Engine restarts in range",

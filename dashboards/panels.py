@@ -187,6 +187,20 @@ def timeseries(
     )
 
 
+def tokens_per_step(description: str, figure: tuple[str, str], ceiling: tuple[str, str]) -> Any:
+    """Tokens per verify step against its ceiling k + 1 (dashed): one chart on two boards, per
+    engine (the engine board) and per route (the payoff board)."""
+    return timeseries(
+        "Tokens per step vs the k+1 ceiling",
+        description,
+        [figure, ceiling],
+        TOKENS_PER_STEP,
+        min_value=1,
+        decimals=2,
+        overrides=[reference_line("B", ORANGE)],
+    )
+
+
 def stat(
     title: str,
     description: str,

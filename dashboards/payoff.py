@@ -9,7 +9,6 @@ from dashboards import variables as V
 from dashboards.mixin import Mixin
 from dashboards.panels import (
     GREEN,
-    ORANGE,
     PERCENT,
     RED,
     REQUESTS_PER_SECOND,
@@ -29,6 +28,7 @@ from dashboards.panels import (
     steps,
     table,
     timeseries,
+    tokens_per_step,
 )
 from dashboards.queries import panel_queries as Q
 
@@ -154,19 +154,12 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
         max_value=1,
         overrides=[reference_line("B")],
     )
-    tokens = timeseries(
-        "Tokens per step vs the k+1 ceiling",
+    tokens = tokens_per_step(
         "Tokens produced per verify step (1 + accepted drafts per step) per route, 5-minute "
         "windows. The dashed line is the ceiling k + 1, reached only when every draft is "
         "accepted. The gap to it is what the drafter leaves on the table for that workload.",
-        [
-            (ROUTE_LEGEND, TOKENS_PER_STEP_5M),
-            ("ceiling k+1 ({{model_name}})", Q.tokens_per_step_ceiling()),
-        ],
-        TOKENS_PER_STEP,
-        min_value=1,
-        decimals=2,
-        overrides=[reference_line("B", ORANGE)],
+        (ROUTE_LEGEND, TOKENS_PER_STEP_5M),
+        ("ceiling k+1 ({{model_name}})", Q.tokens_per_step_ceiling()),
     )
     speedup = timeseries(
         "Speedup: estimated and measured",

@@ -97,7 +97,7 @@ def input_series(scenario: Scenario, seed: int) -> list[dict[str, str]]:
     samples = scenario.seconds // SCRAPE + 1
     out = []
     for route in scenario.routes:
-        per_scrape = {name: [0] * samples for name in _COUNTERS}
+        per_scrape = {name: [0] * samples for name in ROUTE_COUNTERS}
         for done, steps, p, accepted in _requests(route, scenario.seconds, rng):
             route.requests.append((done, steps, p))
             i = int((done + scenario.lag) // SCRAPE) + 1
@@ -116,7 +116,7 @@ def input_series(scenario: Scenario, seed: int) -> list[dict[str, str]]:
             ):
                 per_scrape[name][i] += value
         labels = f'route="{route.name}", model_name="{MODEL}", {JOB}'
-        for name, (metric, extra) in _COUNTERS.items():
+        for name, (metric, extra) in ROUTE_COUNTERS.items():
             series = f"{metric}{{{labels}{extra}}}"
             out.append(
                 {"series": series, "values": " ".join(map(str, _cumulative(per_scrape[name])))}
@@ -124,7 +124,7 @@ def input_series(scenario: Scenario, seed: int) -> list[dict[str, str]]:
     return out
 
 
-_COUNTERS = {  # per-request sums -> (family, extra labels)
+ROUTE_COUNTERS = {  # per-request sums -> (family, extra labels): the route families the rules read
     "drafts": ("specdec_route_drafts_total", ', source="exact"'),
     "draft_tokens": ("specdec_route_draft_tokens_total", ', source="exact"'),
     "accepted": ("specdec_route_accepted_tokens_total", ', source="exact"'),

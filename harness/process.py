@@ -1,11 +1,25 @@
-"""The real servers' processes, for the tests and the bench alike: whether one answers its
-health check, and ending one (politely first)."""
+"""The real servers' processes, for the tests and the bench alike: their addresses, whether one
+answers its health check, and ending one (politely first)."""
 
 from __future__ import annotations
 
 import subprocess
 import urllib.error
 import urllib.request
+
+
+class Listening:
+    """A server on 127.0.0.1:`port`, and its URLs."""
+
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
 
 
 def healthy(base_url: str) -> bool:

@@ -1,12 +1,16 @@
-"""In-process rigs for proxy tests: simulators and a sidecar with its proxy, on free ports."""
+"""In-process rigs for proxy tests: simulators and a sidecar with its proxy, on free ports, and
+the two routes' traffic through it."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
@@ -82,3 +86,39 @@ async def sidecar(
         yield side, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{metrics_port}/metrics"
     finally:
         await side.stop()
+
+
+async def mixed_traffic(
+    proxy: str, count: int = 200, concurrency: int = 20, seed: int = 3, **extra: list[Any]
+) -> None:
+    """`count` requests, half voice (header) half agent (path), streamed or not, with or without
+    usage; `extra`: request fields some of them carry (the values to pick from; None: left out)."""
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        voice = i % 2 == 0
+        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
+        body: dict[str, Any] = {
+            "model": "sim-27b",
+            "messages": JA if voice else CODE,
+            "max_tokens": rng.randint(20, 120),
+        }
+        style = rng.choice(["whole", "stream", "stream_usage"])
+        if style != "whole":
+            body["stream"] = True
+        if style == "stream_usage":
+            body["stream_options"] = {"include_usage": True}
+        for name, choices in extra.items():
+            value = rng.choice(choices)
+            if value is not None:
+                body[name] = value
+        async with (
+            gate,
+            session.post(url, json=body, headers={"X-Route": "voice"} if voice else {}) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(one(session, i) for i in range(count)))

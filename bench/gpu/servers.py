@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.gpu.traffic import MODEL
-from harness.process import healthy, terminate
+from harness.process import Listening, healthy, terminate
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,12 @@ class Launch:
 
 
 @dataclass
-class Server:
+class Server(Listening):
     name: str
     port: int
     args: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
 
     def healthy(self) -> bool:
         return healthy(self.base_url)

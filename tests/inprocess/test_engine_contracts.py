@@ -20,8 +20,8 @@ from exporter.engines import ENGINES
 from exporter.engines.base import Role
 from exporter.scrape.families import read_page
 from harness.helpers import eventually, samples
-from harness.rig import sidecar, simulator
-from tests.inprocess.test_proxy_accounting import mixed_traffic, route_counts, truth
+from harness.rig import mixed_traffic, sidecar, simulator
+from tests.inprocess.test_proxy_accounting import route_counts, truth
 
 METRICS_PATH = {"trtllm": "/prometheus/metrics"}  # where each simulated kind serves its page
 PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}  # route -> simulated profile

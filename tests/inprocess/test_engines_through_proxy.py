@@ -22,12 +22,11 @@ from exporter.core.windows import parse_window
 from exporter.scrape.families import families, read_page
 from harness.helpers import eventually, samples
 from harness.rig import CODE as CODE_MESSAGES
-from harness.rig import sidecar, simulator
+from harness.rig import mixed_traffic, sidecar, simulator
 from harness.scripted import Respond, ok, scripted
 from tests.inprocess.test_proxy_accounting import (
     apportioned,
     close,
-    mixed_traffic,
     promtool_clean,
     route_counts,
     truth,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import random
 import subprocess
 from typing import Any
 
@@ -14,43 +12,7 @@ from exporter.core.counts import Counts, ratios, total
 from exporter.scrape.families import families, read_page
 from exporter.sidecar import Sidecar
 from harness.helpers import eventually, need_tool, samples
-from harness.rig import CODE, JA, sidecar, simulator
-
-
-async def mixed_traffic(
-    proxy: str, count: int = 200, concurrency: int = 20, seed: int = 3, **extra: list[Any]
-) -> None:
-    """`count` requests, half voice (header) half agent (path), streamed or not, with or without
-    usage; `extra`: request fields some of them carry (the values to pick from; None: left out)."""
-    rng = random.Random(seed)
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(session: aiohttp.ClientSession, i: int) -> None:
-        voice = i % 2 == 0
-        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
-        body: dict[str, Any] = {
-            "model": "sim-27b",
-            "messages": JA if voice else CODE,
-            "max_tokens": rng.randint(20, 120),
-        }
-        style = rng.choice(["whole", "stream", "stream_usage"])
-        if style != "whole":
-            body["stream"] = True
-        if style == "stream_usage":
-            body["stream_options"] = {"include_usage": True}
-        for name, choices in extra.items():
-            value = rng.choice(choices)
-            if value is not None:
-                body[name] = value
-        async with (
-            gate,
-            session.post(url, json=body, headers={"X-Route": "voice"} if voice else {}) as resp,
-        ):
-            assert resp.status == 200, await resp.text()
-            await resp.read()
-
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(one(session, i) for i in range(count)))
+from harness.rig import mixed_traffic, sidecar, simulator
 
 
 async def engine_totals(upstream: str) -> Counts:

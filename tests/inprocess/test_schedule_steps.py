@@ -4,42 +4,15 @@ per step from `detailed` objects, plain steps from the completion tokens."""
 
 from __future__ import annotations
 
-import asyncio
-import random
-from typing import Any
-
 import aiohttp
 import pytest
 
 from exporter.core.schedule import Schedule
 from harness.helpers import samples
-from harness.rig import CODE, JA, sidecar, simulator
+from harness.rig import mixed_traffic, sidecar, simulator
 
 SCHEDULE = Schedule.parse([[1, 3, 3], [4, 15, 2], [16, 256, 0]])
 PROFILES = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}
-
-
-async def traffic(proxy: str, concurrency: int, count: int, seed: int) -> None:
-    """`count` requests, half per route, `concurrency` at a time, streamed or not."""
-    rng = random.Random(seed)
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(session: aiohttp.ClientSession, i: int) -> None:
-        voice = i % 2 == 0
-        url = proxy + ("/v1/chat/completions" if voice else "/agent/v1/chat/completions")
-        body: dict[str, Any] = {
-            "model": "sim-27b",
-            "messages": JA if voice else CODE,
-            "max_tokens": rng.randint(20, 120),
-            "stream": rng.random() < 0.5,
-        }
-        headers = {"X-Route": "voice"} if voice else {}
-        async with gate, session.post(url, json=body, headers=headers) as resp:
-            assert resp.status == 200
-            await resp.read()
-
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(one(session, i) for i in range(count)))
 
 
 async def by_draft_length(metrics: str) -> dict[str, dict[str, float]]:
@@ -61,7 +34,9 @@ async def test_steps_by_draft_length_equal_the_simulators_under_a_schedule(
         simulator("detailed", schedule=SCHEDULE) as (_, upstream),
         sidecar(upstream) as (_, proxy, metrics),
     ):
-        await traffic(proxy, concurrency, count=4 * concurrency + 8, seed=concurrency)
+        await mixed_traffic(
+            proxy, count=4 * concurrency + 8, concurrency=concurrency, seed=concurrency
+        )
         async with aiohttp.ClientSession() as session:
             async with session.get(upstream + "/admin/truth") as resp:
                 truth = await resp.json()
