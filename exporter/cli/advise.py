@@ -99,7 +99,11 @@ class NoData(Exception):
 
 def read(url: str) -> Page:
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
-        text = resp.read().decode("utf-8", errors="replace")
+        return parse(resp.read().decode("utf-8", errors="replace"))
+
+
+def parse(text: str) -> Page:
+    """A sidecar's /metrics page as advise reads it."""
     page = Page()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
