@@ -5,8 +5,9 @@ need through harness/, never through each other)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.imports import circles, graph
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("exporter", "dashboards", "harness", "bench", "tests")
@@ -20,88 +21,32 @@ MAY_IMPORT = {
 }
 
 
-def modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            if "node_modules" in path.parts:
-                continue
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
-
-
-def graph() -> dict[str, set[str]]:
-    """module -> the tree's modules it imports (anywhere in it)."""
-    known = modules()
-
-    def resolve(name: str) -> str | None:
-        while name and name not in known:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    edges: dict[str, set[str]] = {m: set() for m in known}
-    for module, path in known.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            for name in names:
-                target = resolve(name)
-                if target is not None and target != module:
-                    edges[module].add(target)
-    return edges
-
-
-def circles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
+def tree() -> dict[str, set[str]]:
+    return graph(ROOT, PACKAGES)
 
 
 def test_no_circle_anywhere_in_the_tree() -> None:
-    assert circles(graph()) == []
+    assert circles(tree()) == []
 
 
-def test_the_circle_finder_finds_one() -> None:
+def test_a_planted_circle_is_found(tmp_path: Path) -> None:  # the check above can fail
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import A\n"
+    )
+    (pkg / "c.py").write_text("import pkg.a\n")
+    assert circles(graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.sub.b"]]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_each_package_imports_only_what_it_may() -> None:
     wrong = sorted(
         (module, target)
-        for module, targets in graph().items()
+        for module, targets in tree().items()
         for target in targets
         if (own := module.split(".")[0]) != (theirs := target.split(".")[0])
         and theirs not in MAY_IMPORT[own]

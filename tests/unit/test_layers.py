@@ -4,10 +4,11 @@ docs/architecture.md states the same table; this test holds the code to it."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from tests.imports import graph
 
 ROOT = Path(__file__).resolve().parents[2]
 ROOT_MODULE = "exporter"  # exporter/__init__.py (__version__) and exporter.logs: anyone's
@@ -60,25 +61,13 @@ def layer(module: str) -> str:
     return "dashboards" if parts[0] == "dashboards" else ".".join(parts[:2])
 
 
-def imports(path: Path) -> set[str]:
-    """exporter.* / dashboards.* modules imported anywhere in the file (an entry point's
-    `__main__` block too: no module calls the command line back)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-    return {m for m in found if m.split(".")[0] in ("exporter", "dashboards")}
-
-
 def module_name(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
     return ".".join(parts)
 
 
+GRAPH = graph(ROOT, ("exporter", "dashboards"))
 SOURCES = sorted([*ROOT.glob("exporter/**/*.py"), *ROOT.glob("dashboards/**/*.py")])
 
 
@@ -94,7 +83,7 @@ def allowed(importer: str, imported: str) -> bool:
 def test_imports_point_one_way(path: Path) -> None:
     importer = module_name(path)
     assert layer(importer) in MAY_IMPORT, f"{importer}: a new package; give it a row"
-    wrong = sorted(m for m in imports(path) if not allowed(importer, m))
+    wrong = sorted(m for m in GRAPH[importer] if not allowed(importer, m))
     assert not wrong, f"{importer} imports {wrong}, against docs/architecture.md"
 
 
