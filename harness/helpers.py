@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -118,7 +119,13 @@ def value(
 
 
 def need_tool(name: str) -> str:
-    """Path of a real component; in CI its absence is a failure, locally a skip."""
+    """Path of a real component, preferring the one pip installed next to this interpreter (the
+    test extra) over anything else on PATH (e.g. a distribution's older kubectl); in CI its
+    absence is a failure, locally a skip."""
+    for directory in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     path = shutil.which(name)
     if path is None:
         if os.environ.get("CI"):

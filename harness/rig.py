@@ -59,26 +59,38 @@ async def simulator(
         await runner.cleanup()
 
 
+SIM_MODEL = ModelConfig("sim-27b", 3, 1.78, 72.0, 20e9, 1.7e12)
+
+
 @asynccontextmanager
 async def sidecar(
     upstream: str,
     kind: str = "vllm",
     path: str = "/metrics",
     windows: tuple[Window, ...] = DEFAULT_WINDOWS,
+    *,
+    via: str | None = None,
+    interval: float = 0.1,
+    model: ModelConfig = SIM_MODEL,
     **proxy: Any,
 ) -> AsyncIterator[tuple[Sidecar, str, str]]:
-    """A sidecar scraping `upstream` (a target of engine `kind`, at `path`) every 0.1 s, with
-    the proxy in front of it (`proxy`: ProxyConfig fields). A window's gauges appear once the
-    sidecar is that old: a test that reads them soon gives a short window."""
+    """A sidecar scraping `upstream` (a target of engine `kind`, at `path`) every `interval`
+    seconds, with the proxy in front of it (reaching `upstream` `via` another address, a tap,
+    where given; `proxy`: ProxyConfig fields). A window's gauges appear once the sidecar is
+    that old: a test that reads them soon gives a short window."""
     proxy_port, metrics_port = free_port(), free_port()
     config = Config(
         listen=("127.0.0.1", metrics_port),
-        targets=(Target("sim", f"{upstream}{path}", kind=kind, interval=0.1),),
+        targets=(Target("sim", f"{upstream}{path}", kind=kind, interval=interval),),
         windows=windows,
         proxy=ProxyConfig(
-            upstream, ("127.0.0.1", proxy_port), "sim", proxy.pop("routes", ROUTES), **proxy
+            via or upstream,
+            ("127.0.0.1", proxy_port),
+            "sim",
+            proxy.pop("routes", ROUTES),
+            **proxy,
         ),
-        models=(ModelConfig("sim-27b", 3, 1.78, 72.0, 20e9, 1.7e12),),
+        models=(model,),
     )
     side = Sidecar(config)
     await side.start()

@@ -31,7 +31,6 @@ import shutil
 import site
 import subprocess
 import sys
-import sysconfig
 import time
 import venv
 from pathlib import Path
@@ -43,7 +42,7 @@ import yaml
 
 from dashboards import rules
 from exporter.config import load
-from harness.helpers import child, free_port, http_get, specdec, stop_group, wait_for
+from harness.helpers import child, free_port, http_get, need_tool, specdec, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -60,21 +59,6 @@ BUILD_TOOLS = re.compile(
 
 
 # ---- tools --------------------------------------------------------------------------------
-
-
-def tool(name: str) -> str:
-    """A command-line tool, preferring the one pip installed next to this interpreter (the
-    test extra) over anything else on PATH (e.g. a distribution's older kubectl)."""
-    for directory in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
-        candidate = Path(directory) / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (see this module's docstring)")
-        pytest.skip(f"{name} not installed")
-    return found
 
 
 def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -117,7 +101,7 @@ def test_every_yaml_under_deploy_parses() -> None:
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
     """`kubectl kustomize deploy/k8s`: what `kubectl apply -k deploy/k8s` would send."""
-    result = run([tool("kubectl"), "kustomize", str(K8S_DIR)])
+    result = run([need_tool("kubectl"), "kustomize", str(K8S_DIR)])
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     assert docs
@@ -345,7 +329,7 @@ def test_prometheus_rule_equals_the_rule_files(rendered: list[dict[str, Any]]) -
 
 
 def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
-    promtool = tool("promtool")
+    promtool = need_tool("promtool")
     groups = load_yaml(K8S_DIR / "prometheusrule.yaml")["spec"]
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(groups), encoding="utf-8")
@@ -492,7 +476,7 @@ def env_example() -> dict[str, str]:
 
 
 def test_compose_validates_against_the_compose_spec(tmp_path: Path) -> None:
-    checker = [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec"]
+    checker = [need_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec"]
     path = COMPOSE_DIR / "docker-compose.yml"
     result = run([*checker, str(path)])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -593,7 +577,7 @@ def test_compose_prometheus_matches_the_repo_config(tmp_path: Path) -> None:
     assert alertmanagers == ["alertmanager:9093"]
     assert ours["rule_files"] == ["/etc/prometheus/rules/*.yml"]
     # promtool: the config with the rules where compose mounts them
-    promtool = tool("promtool")
+    promtool = need_tool("promtool")
     ours["rule_files"] = [str(RULES_DIR / "*.yml")]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(ours), encoding="utf-8")
@@ -713,7 +697,7 @@ def test_dockerfile_is_multi_stage_slim_non_root() -> None:
 
 
 def test_hadolint() -> None:
-    result = run([tool("hadolint"), "--no-color", str(DOCKERFILE)])
+    result = run([need_tool("hadolint"), "--no-color", str(DOCKERFILE)])
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -22,8 +22,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.config import Config, ModelConfig, ProxyConfig, Target
+from exporter.config import ModelConfig
 from exporter.core.counts import Counts, from_spec_object, total
 from exporter.sidecar import Sidecar
+from harness import rig
 from harness.helpers import (
     child,
     eventually,
@@ -46,7 +47,6 @@ from harness.helpers import (
     wait_for,
 )
 from harness.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv, start_all
-from harness.rig import ROUTES
 from tests.wiretap import TRANSPARENCY, Wiretap, relay_difference
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
@@ -152,25 +152,14 @@ def sim_args(url: str, level: str) -> list[str]:
     )
 
 
-@asynccontextmanager
-async def sidecar(upstream: str, via: str | None = None) -> AsyncIterator[tuple[Sidecar, str, str]]:
+def sidecar(
+    upstream: str, via: str | None = None
+) -> AbstractAsyncContextManager[tuple[Sidecar, str, str]]:
     """An in-process sidecar with its proxy in front of `upstream` (reached `via` another
     address, a tap, where given; scraped directly), the routes of harness/rig.py (X-Route: voice
     -> voice_chat, /agent -> coding_agent); scraping every 0.5 s, so that the real server's
     /metrics handler competes little with its streams."""
-    proxy_port, metrics_port = free_port(), free_port()
-    config = Config(
-        listen=("127.0.0.1", metrics_port),
-        targets=(Target("real", f"{upstream}/metrics", interval=0.5),),
-        proxy=ProxyConfig(via or upstream, ("127.0.0.1", proxy_port), "real", ROUTES),
-        models=(ModelConfig(MODEL, K, 1.5),),
-    )
-    side = Sidecar(config)
-    await side.start()
-    try:
-        yield side, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{metrics_port}/metrics"
-    finally:
-        await side.stop()
+    return rig.sidecar(upstream, via=via, interval=0.5, model=ModelConfig(MODEL, K, 1.5))
 
 
 # ---- requests ---------------------------------------------------------------------------
