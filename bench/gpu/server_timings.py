@@ -3,11 +3,11 @@ the decode's milliseconds and tokens (its `print_timing` lines), grouped into ph
 requests with no idle second between them), and per phase the decode milliseconds a token over
 all its requests and over those sent in each sixth of the phase.
 
-Measure's plain step at c = 32 read 8-11 % slower than the A/B's plain phases (docs/
-BENCHMARKS.md §11, runs 26-30) while its speculative step agreed. The clients' clocks cannot
-say whether the engine ran slower or measure read its clock wrong; the server's can, and
-the sixths show where in a phase the time went (a closed loop that drains at its end, as
-measure's does, leaves its last requests decoding beside idle slots).
+Where measure's plain step and the A/B's plain phases disagree at one batch (docs/
+BENCHMARKS.md §11), the clients' clocks cannot say whether the engine ran slower or measure
+read its clock wrong; the server's can, and the sixths show where in a phase the time went (a
+closed loop that drains at its end, as measure's does, leaves its last requests decoding
+beside idle slots).
 
     python -m bench.gpu.server_timings OUT/logs/plain.log OUT/logs/spec.log
 """
