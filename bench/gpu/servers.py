@@ -24,13 +24,14 @@ class Models:
 
 @dataclass(frozen=True)
 class Launch:
-    """How the servers run: slots, context, whether layers go to the GPU, and whether the slots
-    share one KV buffer (llama-server's default with explicit slots is a stream per slot)."""
+    """How the servers run: slots, context, whether layers go to the GPU, and which servers'
+    slots share one KV buffer ("": none, llama-server's default with explicit slots is a stream
+    per slot; "plain": the plain server's only; "all")."""
 
     parallel: int = 32
     ctx: int = 65536  # 2048 a slot: the longest request and measure's lengthened ones
     gpu: bool = True
-    kv_unified: bool = False
+    kv_unified: str = ""
     flash_attn: str = "on"
 
     @staticmethod
@@ -38,7 +39,9 @@ class Launch:
         """The launch's flags, one set for every script that starts the bench's servers."""
         ap.add_argument("--parallel", type=int, default=32, help="server slots (>= the top level)")
         ap.add_argument("--ctx", type=int, default=Launch.ctx, help="server context, all slots")
-        ap.add_argument("--kv-unified", action="store_true", help="one KV buffer for all slots")
+        ap.add_argument("--kv-unified", nargs="?", const="all", default="",
+                        choices=("plain", "all"), help="one KV buffer for all slots: every "
+                        "server's (no value) or the plain one's (plain)")  # fmt: skip
         ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="on")
 
     @classmethod
@@ -77,7 +80,7 @@ def command(binary: Path, models: Models, port: int, launch: Launch, k: int | No
     ]  # fmt: skip
     if launch.gpu:
         args += ["-ngl", "99"]
-    if launch.kv_unified:
+    if launch.kv_unified == "all" or (launch.kv_unified == "plain" and k is None):
         args += ["--kv-unified"]
     if k is not None:
         args += [

@@ -544,11 +544,14 @@ def test_a_server_command_is_plain_or_drafting_and_shares_kv_when_asked() -> Non
     models = Models(Path("/m/t.gguf"), Path("/m/d.gguf"))
     plain = command(Path("/b/llama-server"), models, 8080, Launch(), None)
     assert "-md" not in plain and "--kv-unified" not in plain and "-ngl" in plain
-    spec = command(Path("/b/llama-server"), models, 8081, Launch(kv_unified=True), 3,
+    spec = command(Path("/b/llama-server"), models, 8081, Launch(kv_unified="all"), 3,
                    (0.9, 0.8, 0.7, 0.6))  # fmt: skip
     assert spec[spec.index("--spec-draft-n-max") + 1] == "3"
     assert spec[spec.index("--spec-synth-rates") + 1] == "0.9,0.8,0.7"
     assert "--kv-unified" in spec
+    only_plain = Launch(kv_unified="plain")
+    assert "--kv-unified" in command(Path("/b/llama-server"), models, 8080, only_plain, None)
+    assert "--kv-unified" not in command(Path("/b/llama-server"), models, 8081, only_plain, 3)
 
 
 def test_every_script_launches_its_servers_from_the_same_flags() -> None:
@@ -562,7 +565,8 @@ def test_every_script_launches_its_servers_from_the_same_flags() -> None:
     args = ap.parse_args(
         ["--parallel", "8", "--ctx", "4096", "--kv-unified", "--flash-attn", "off"]
     )
-    assert Launch.from_flags(args, gpu=False) == Launch(8, 4096, False, True, "off")
+    assert Launch.from_flags(args, gpu=False) == Launch(8, 4096, False, "all", "off")
+    assert Launch.from_flags(ap.parse_args(["--kv-unified", "plain"])).kv_unified == "plain"
 
 
 def test_a_streams_decode_is_the_servers_token_count_not_its_events() -> None:
