@@ -7,7 +7,10 @@ answer until other clients leave. Here one descriptor is kept in reserve: when a
 for want of descriptors, the reserve is closed, the waiting connection accepted, answered 503
 with a Retry-After (vLLM's shape) and closed, the reserve taken again, for every connection
 waiting; the episode is logged once when it starts and once when it ends, with its count.
-Recovery needs no restart: the next accept() that succeeds ends the episode.
+Recovery needs no restart: accept() succeeding with no shortage for `RECOVERED` seconds ends
+the episode. Not the first success alone: as clients leave, the backlog still holds their
+closed connections, and accepting those can run short again before the proxy has closed its
+side of the idle ones (seen: 'available again' and a new episode 1 ms apart).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from structlog.stdlib import BoundLogger
 EXHAUSTED = {errno.EMFILE: "emfile", errno.ENFILE: "enfile"}
 PER_WAKE = 64  # connections taken per readiness event: the loop's other work goes on between
 BACKOFF = (0.05, 1.0)  # seconds: when not even the reserve helps, accept() is paused this long
+RECOVERED = 1.0  # seconds of accept() with no shortage that end an episode
 _BODY = (  # vLLM's error shape, as the proxy's other 503s (relay.error_response)
     b'{"error": {"message": "the proxy is out of file descriptors", "type": '
     b'"ServiceUnavailableError", "param": null, "code": 503}}'
@@ -48,7 +52,11 @@ class Listener:
         self._log = log
         self._sock: socket.socket | None = None
         self._reserve: int | None = None
-        self._episode = 0  # connections shed in the current episode (0: none under way)
+        self._short_since: float | None = None  # when the episode under way began
+        self._short_last = 0.0  # when accept() last ran short
+        self._ok_last = 0.0  # when accept() last succeeded
+        self._episode = 0  # connections shed in the episode under way
+        self._ending: asyncio.TimerHandle | None = None  # the check that may end it
         self._backoff = BACKOFF[0]
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -60,6 +68,9 @@ class Listener:
         self._loop.add_reader(self._sock.fileno(), self._readable)
 
     def close(self) -> None:
+        if self._ending is not None:
+            self._ending.cancel()
+            self._ending = None
         if self._sock is not None and self._loop is not None:
             self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
@@ -81,9 +92,9 @@ class Listener:
                     self._exhausted(EXHAUSTED[exc.errno])
                     return
                 continue  # ECONNABORTED and the like: that client is gone, the next one waits
-            if self._episode:
-                self._log.warning("file descriptors available again", shed=self._episode)
-                self._episode, self._backoff = 0, BACKOFF[0]
+            self._backoff, self._ok_last = BACKOFF[0], loop.time()
+            if self._short_since is not None and self._ending is None:
+                self._ending = loop.call_later(RECOVERED, self._maybe_recovered)
             conn.setblocking(False)
             loop.create_task(loop.connect_accepted_socket(self._protocol, conn))
 
@@ -92,7 +103,9 @@ class Listener:
         for a while when even that cannot be done."""
         sock, loop = self._sock, self._loop
         assert sock is not None and loop is not None
-        if not self._episode:
+        self._short_last = loop.time()
+        if self._short_since is None:
+            self._short_since = self._short_last
             self._log.warning("out of file descriptors: new connections get 503", reason=reason)
         while self._reserve is not None:
             os.close(self._reserve)
@@ -114,6 +127,23 @@ class Listener:
             loop.remove_reader(sock.fileno())
             loop.call_later(self._backoff, self._resume)
             self._backoff = min(self._backoff * 2, BACKOFF[1])
+
+    def _maybe_recovered(self) -> None:
+        """End the episode if accept() has succeeded since it last ran short, and has not run
+        short for `RECOVERED` seconds; else look again when it will have (or at the next
+        success)."""
+        assert self._loop is not None and self._short_since is not None
+        self._ending = None
+        if self._ok_last < self._short_last:
+            return  # short again, and nothing accepted since: the next success looks again
+        now = self._loop.time()
+        left = self._short_last + RECOVERED - now
+        if left > 0:
+            self._ending = self._loop.call_later(left, self._maybe_recovered)
+            return
+        lasted = round(self._short_last - self._short_since, 3)
+        self._log.warning("file descriptors available again", shed=self._episode, lasted_s=lasted)
+        self._short_since, self._episode = None, 0
 
     def _take_reserve(self) -> int | None:
         try:
