@@ -13,8 +13,9 @@ drains, and a draining engine's steps cost more a token than steady ones at the 
 Each request counts with the part of its decode inside that window: its seconds there, and
 the tokens and steps that arrived there (by the stream's events, not pro rata by time: a
 request running on into the drain decodes slower there, and a share by time would carry that
-into the window: 8-11 % slower plain steps on a GPU llama-server at c = 32, docs/BENCHMARKS.md
-§11). Counting only the requests that ended inside it would choose the ones that ran fast.
+into the window; on a GPU llama-server at c = 32 a plain request sent late in measure's phase
+decoded x1.5-1.8 slower a token than one sent early, docs/BENCHMARKS.md §11). Counting only
+the requests that ended inside it would choose the ones that ran fast.
 The engine's running requests (its batch gauge, `Engine.running_gauge`) are sampled from its
 /metrics over the same window. Per level:
 

@@ -100,8 +100,8 @@ def test_a_request_running_on_into_the_drain_brings_only_its_pace_inside() -> No
     """A request decodes at 10 ms a token while the batch is full and 30 ms once it drains:
     the window (0.5-1.5 s) counts the tokens that arrived in it, 10 ms a token. A share by
     time would give it a third of its 199 tokens for its second inside: 15 ms a token, the
-    drain's pace carried into the steady window (GPU llama-server, c = 32: measure's plain
-    steps 8-11 % slower than the A/B's, docs/BENCHMARKS.md §11)."""
+    drain's pace carried into the steady window (GPU llama-server, c = 32: plain requests sent
+    late in measure's phase decoded x1.5-1.8 slower a token, docs/BENCHMARKS.md §11)."""
     steady = [0.01 * i for i in range(150)]  # 0-1.49 s
     drain = [steady[-1] + 0.03 * i for i in range(1, 51)]  # on to 2.99 s
     arrivals = tuple(steady + drain)
