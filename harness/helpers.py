@@ -1,4 +1,4 @@
-"""Shared test helpers: free ports, polling with a deadline, child processes, metric pages."""
+"""Shared test helpers: free ports, polling with a deadline, child processes, real tools."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"  # the recorded pages
 T = TypeVar("T")
@@ -98,24 +97,6 @@ async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float) -
 def http_get(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return str(resp.read().decode())
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(name, sorted labels): value} for every sample of a page."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(
-    page: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
-) -> float | None:
-    """The value of the one sample `name` whose labels include `labels`, None if absent."""
-    hits = [v for (n, ls), v in page.items() if n == name and set(labels.items()) <= set(ls)]
-    assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
-    return hits[0] if hits else None
 
 
 def need_tool(name: str) -> str:

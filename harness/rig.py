@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from exporter.config import Config, ModelConfig, ProxyConfig, Route, Target
+from exporter.core.counts import Counts
 from exporter.core.schedule import Schedule
 from exporter.core.windows import DEFAULT_WINDOWS, Window
 from exporter.sidecar import Sidecar
@@ -134,3 +135,14 @@ async def mixed_traffic(
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(one(session, i) for i in range(count)))
+
+
+async def truth(upstream: str) -> dict[str, Counts]:
+    """The simulator's own counts per workload profile (its /admin/truth), to check the
+    proxy's per-route counts against."""
+    async with aiohttp.ClientSession() as session, session.get(upstream + "/admin/truth") as resp:
+        data = await resp.json()
+    return {
+        k: Counts(v["drafts"], v["draft_tokens"], v["accepted"], tuple(v["per_position"]))
+        for k, v in data.items()
+    }

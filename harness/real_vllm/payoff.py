@@ -24,15 +24,12 @@ from typing import Any
 from exporter.measure.report import step_cost_line
 from exporter.measure.scenarios import builtin
 from harness.ab_traffic import ROUTES, Decoded, alternate, traffic
-from harness.helpers import child, free_port, http_get, samples, specdec, value, wait_for
-from harness.real_vllm.server import VllmServer, start_all
+from harness.helpers import child, free_port, http_get, specdec, wait_for
+from harness.pages import Page, samples, value
+from harness.real_vllm.server import GREEDY, MODEL, K, VllmServer, start_all
 
-MODEL = "tiny"
-K = 3
 AGREE = 1.25  # an A/B whose two rounds differ by more is no reference
 CEILING = 1.1  # x tokens per decode step: an A/B round above it is not a speedup
-Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-GREEDY = ("--override-generation-config", json.dumps({"temperature": 0.0}))
 
 
 @dataclass

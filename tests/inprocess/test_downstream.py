@@ -16,42 +16,14 @@ import pytest
 from exporter.proxy import reader as request_reader
 from exporter.proxy.request import quick
 from harness.rig import sidecar
-from harness.scripted import Respond, ok, scripted
-
-SSE = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
-
-
-async def echo(request: bytes, writer: asyncio.StreamWriter) -> bool:
-    """The request line, headers and body as the upstream got them; /stream answers chunked."""
-    if b" /stream " in request.split(b"\r\n", 1)[0]:
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(SSE), SSE))
-    else:
-        writer.write(ok(request))
-    return True
+from harness.scripted import Respond, scripted
+from harness.wire import SSE, echo, response
 
 
 @asynccontextmanager
 async def proxy_port(respond: Respond = echo, **config: Any) -> AsyncIterator[int]:
     async with scripted(respond) as (url, _), sidecar(url, **config) as (_, proxy, _):
         yield int(proxy.rsplit(":", 1)[1])
-
-
-async def response(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
-    """One response: status line, headers (lower-cased names), body by its framing."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    status, *lines = head[:-4].decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
-    if "content-length" in headers:
-        body = await reader.readexactly(int(headers["content-length"]))
-    elif headers.get("transfer-encoding") == "chunked":
-        body = b""
-        while size := int(await reader.readuntil(b"\r\n"), 16):
-            body += (await reader.readexactly(size + 2))[:-2]
-        await reader.readexactly(2)
-    else:
-        body = await asyncio.wait_for(reader.read(), 10)  # until the connection closes
-    return status.encode(), headers, body
 
 
 async def exchange(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -19,9 +19,9 @@ from exporter.core.counts import Counts, total
 from exporter.engines import ENGINES
 from exporter.engines.base import Role
 from exporter.scrape.families import read_page
-from harness.helpers import eventually, samples
-from harness.rig import mixed_traffic, sidecar, simulator
-from tests.inprocess.test_proxy_accounting import route_counts, truth
+from harness.helpers import eventually
+from harness.pages import route_counts, samples
+from harness.rig import mixed_traffic, sidecar, simulator, truth
 
 METRICS_PATH = {"trtllm": "/prometheus/metrics"}  # where each simulated kind serves its page
 PROFILE = {"voice_chat": "ja_chat", "coding_agent": "code_agent"}  # route -> simulated profile
@@ -57,7 +57,7 @@ async def test_every_engine_meets_the_scrape_and_proxy_contracts(kind: str) -> N
             (exact + apportioned, on its ticks) add up to them."""
             found = samples(await text(metrics))
             exported = sum(v for (n, _), v in found.items() if n == "specdec_drafts_total")
-            exact, estimated = [await route_counts(metrics, s) for s in ("exact", "estimated")]
+            exact, estimated = [route_counts(found, s) for s in ("exact", "estimated")]
             routes = {r: exact.get(r, Counts()) + estimated.get(r, Counts()) for r in PROFILE}
             summed = sum(c.drafts or 0.0 for c in routes.values())
             ok = exported == steps and abs(summed - steps) <= 1e-6 * steps

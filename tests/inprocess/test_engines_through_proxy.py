@@ -20,17 +20,11 @@ import aiohttp
 from exporter.core.counts import Counts, total
 from exporter.core.windows import parse_window
 from exporter.scrape.families import families, read_page
-from harness.helpers import eventually, samples
+from harness.helpers import eventually
+from harness.pages import apportioned, close, promtool_clean, read, route_counts, samples
 from harness.rig import CODE as CODE_MESSAGES
-from harness.rig import mixed_traffic, sidecar, simulator
+from harness.rig import mixed_traffic, sidecar, simulator, truth
 from harness.scripted import Respond, ok, scripted
-from tests.inprocess.test_proxy_accounting import (
-    apportioned,
-    close,
-    promtool_clean,
-    route_counts,
-    truth,
-)
 
 SOURCES = ("exact", "estimated")
 
@@ -55,7 +49,7 @@ async def test_sglang_routes_are_exact_and_sum_to_its_verify_calls() -> None:
         await mixed_traffic(
             proxy, seed=5, return_spec_tokens_details=[None, True, False], n=[None, None, 2]
         )
-        routes = await route_counts(metrics, "exact")
+        routes = route_counts(await read(metrics), "exact")
         real = await truth(upstream)
         engine = await page(upstream)
         verify = value(engine, "sglang:spec_verify_calls_total")
@@ -98,7 +92,7 @@ async def test_llamacpp_routes_draft_and_accepted_are_their_own_and_sum_to_the_s
 
         async def whole() -> tuple[dict[str, Counts], dict[str, Counts]] | None:
             """Exact tokens and apportioned steps, once both add up to the server's."""
-            exact, estimated = [await route_counts(metrics, source) for source in SOURCES]
+            exact, estimated = [route_counts(await read(metrics), source) for source in SOURCES]
             if len(exact) != 2 or len(estimated) != 2:
                 return None
             both = total([*exact.values(), *estimated.values()])

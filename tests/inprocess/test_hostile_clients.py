@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +15,7 @@ from exporter.sidecar import Sidecar
 from harness.helpers import until
 from harness.rig import sidecar
 from harness.scripted import Respond, ok, scripted
-from tests.inprocess.test_downstream import echo, response
+from harness.wire import connect, echo, response
 
 KIB = 1024
 
@@ -25,15 +24,6 @@ KIB = 1024
 async def proxied(respond: Respond = echo, **config: Any) -> AsyncIterator[tuple[Sidecar, int]]:
     async with scripted(respond) as (url, _), sidecar(url, **config) as (side, proxy, _):
         yield side, int(proxy.rsplit(":", 1)[1])
-
-
-async def connect(port: int, receive_buffer: int | None = None) -> tuple[Any, Any]:
-    sock = socket.socket()
-    if receive_buffer is not None:  # a client that reads nothing fills up soon
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    return await asyncio.open_connection(sock=sock)
 
 
 def upload_head(size: int, path: bytes = b"/v1/chat/completions") -> bytes:

@@ -24,8 +24,7 @@ from exporter.sidecar import Sidecar
 from harness.helpers import http_get, need_tool, until
 from harness.rig import sidecar
 from harness.scripted import Respond, ok, scripted
-from tests.inprocess.test_downstream import response
-from tests.inprocess.test_hostile_clients import connect
+from harness.wire import connect, response
 from tests.receiver import Gather
 
 CHAT = b"/v1/chat/completions"

@@ -8,7 +8,8 @@ import json
 
 import aiohttp
 
-from harness.helpers import eventually, samples
+from harness.helpers import eventually
+from harness.pages import samples
 from harness.rig import sidecar
 from harness.scripted import ok, scripted
 

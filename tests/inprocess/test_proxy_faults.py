@@ -18,7 +18,7 @@ from exporter.accounting.ledger import Accounting
 from exporter.export.route_collector import RouteCollector
 from exporter.proxy.routes import Router
 from exporter.proxy.sse import StreamTap
-from harness.helpers import samples
+from harness.pages import samples
 from harness.rig import sidecar
 from harness.scripted import scripted, sse_completion, streaming
 

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from harness.rig import CODE, JA, sidecar, simulator
+from harness.wire import fetch
 
 CASES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/chat/completions", {"messages": JA, "stream": True, "max_tokens": 30}),
@@ -84,14 +85,6 @@ CASES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/health", None),
     ("HEAD", "/v1/models", None),
 ]
-
-
-async def fetch(
-    session: aiohttp.ClientSession, base: str, method: str, path: str, body: dict[str, Any] | None
-) -> tuple[int, str | None, str | None, bytes]:
-    async with session.request(method, base + path, json=body) as resp:
-        length = resp.headers.get("Content-Length")
-        return resp.status, resp.headers.get("Content-Type"), length, await resp.read()
 
 
 @pytest.mark.parametrize("per_request", ["summary", "none"])

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from exporter.core.schedule import Schedule
-from harness.helpers import samples
+from harness.pages import samples
 from harness.rig import mixed_traffic, sidecar, simulator
 
 SCHEDULE = Schedule.parse([[1, 3, 3], [4, 15, 2], [16, 256, 0]])

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from harness.rig import CODE, JA, sidecar, simulator
-from tests.inprocess.test_proxy_transparency import fetch
+from harness.wire import fetch
 
 FLAG = "return_spec_tokens_details"
 USAGE = {"stream_options": {"include_usage": True}}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import aiohttp
 
 from exporter.core.slices import BANDS
-from harness.helpers import eventually, samples
+from harness.helpers import eventually
+from harness.pages import samples
 from harness.rig import JA, sidecar, simulator
 
 CASES = [  # (extra body fields, its temperature band, its output band)

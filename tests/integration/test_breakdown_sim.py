@@ -23,7 +23,8 @@ from exporter.config import Breakdown, Config, ModelConfig, ProxyConfig, Route, 
 from exporter.core.windows import parse_window
 from exporter.sidecar import Sidecar
 from exporter.sim.profiles import Profile
-from harness.helpers import free_port, samples
+from harness.helpers import free_port
+from harness.pages import samples
 from harness.rig import CODE, simulator
 
 WINDOW, BASELINE = parse_window("3s"), parse_window("30s")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from exporter.core.counts import Counts
-from harness.helpers import child, free_port, http_get, samples, specdec, value, wait_for
+from harness.helpers import child, free_port, http_get, specdec, wait_for
+from harness.pages import samples, value
 from tests.fakevllm import FakeVllm, serve_fake
 
 

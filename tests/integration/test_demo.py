@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from exporter.demo_prometheus import log_path
-from harness.helpers import free_port, http_get, need_tool, samples, specdec, value, wait_for
+from harness.helpers import free_port, http_get, need_tool, specdec, wait_for
+from harness.pages import samples, value
 
 REPO = Path(__file__).resolve().parents[2]
 

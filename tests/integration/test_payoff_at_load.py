@@ -38,22 +38,14 @@ import pytest
 
 from exporter.measure.scenarios import builtin
 from harness.ab_traffic import ROUTES, alternate
-from harness.helpers import (
-    child,
-    free_port,
-    http_get,
-    samples,
-    specdec,
-    value,
-    wait_for,
-)
+from harness.helpers import child, free_port, http_get, specdec, wait_for
+from harness.pages import Page, samples, value
 
 LEVELS = (1, 8, 32)
 SCHEDULE = "[[1, 3, 3], [4, 15, 2], [16, 256, 0]]"
 PHASE = 12.0  # seconds of one phase
 WINDOW = 40.0  # the sidecar's window: both speculative phases of a level (spec, plain, spec)
 TOLERANCE = 0.05
-Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.helpers import free_port, samples, specdec
+from harness.helpers import free_port, specdec
+from harness.pages import samples
 from harness.scripted import scripted, sse_completion, streaming
 
 EVENTS, DELAY = 20, 0.1  # each stream: ~2 s

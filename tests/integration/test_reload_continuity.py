@@ -12,7 +12,8 @@ from pathlib import Path
 
 import aiohttp
 
-from harness.helpers import child, eventually, free_port, samples, specdec, value
+from harness.helpers import child, eventually, free_port, specdec
+from harness.pages import samples, value
 
 ROUTES = "    - {name: voice_chat, when: {header: {X-Route: voice}}}\n"
 NEW_ROUTE = "    - {name: coding_agent, when: {header: {X-Route: agent}}}\n"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporter.core.counts import Counts
-from harness.helpers import child, free_port, http_get, need_tool, samples, specdec, value, wait_for
+from harness.helpers import child, free_port, http_get, need_tool, specdec, wait_for
+from harness.pages import samples, value
 from tests.fakevllm import MODEL, FakeVllm, serve_fake
 
 STEP = Counts(10, 30, 12, (7, 4, 1))  # acceptance 0.4, tokens per step 2.2

@@ -1,4 +1,5 @@
-"""Helpers that build /metrics pages from the fixture pages with known changes.
+"""Helpers that build /metrics pages: from the fixture pages with known changes, and a sidecar's
+page as `specdec advise` reads it.
 
 The fixtures are realistic vLLM 0.33 pages. Tests rewrite only the spec-decode sample lines
 (`<prefix>spec_decode_num_<family>_total|_created{labels} value`) and leave the ~600 other
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from exporter.cli.advise import Page
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 ONE_ENGINE = FIXTURES / "vllm-0.33-1engine-k3.prom"
@@ -136,3 +139,32 @@ sglang:spec_accept_rate{{{ranks}}} 0.5
 """.replace(
     "{ranks}", 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
 )
+
+
+def sidecar_page(
+    with_curve: bool = True, with_routes: bool = True, measured_to: float = 256
+) -> Page:
+    """A sidecar's page as `specdec advise` reads it: the simulator's step curve for model
+    "m", its position acceptance, one route's speedups by draft length."""
+    p = Page()
+
+    def add(name: str, value: float, **labels: str) -> None:
+        p.samples[name].append((labels, value))
+
+    if with_curve:  # the simulator's model: plain (0.98 + 0.02 b) / 72, verify (1.67 + 0.11 b) / 72
+        add("specdec_model_plain_step_base_seconds", 0.98 / 72, model_name="m")
+        add("specdec_model_plain_step_seconds_per_running_request", 0.02 / 72, model_name="m")
+        add("specdec_model_verify_step_base_seconds", 1.67 / 72, model_name="m")
+        add("specdec_model_verify_step_seconds_per_running_request", 0.11 / 72, model_name="m")
+        add("specdec_model_step_curve_max_running_requests", measured_to, model_name="m")
+    for i, v in enumerate((0.75, 0.52, 0.32)):  # P(more than i drafts accepted), the mix
+        add("specdec_position_acceptance_ratio", v, model_name="m", engine="all", window="5m",
+            position=str(i), target="t")  # fmt: skip
+    if with_routes:
+        key = {"route": "voice", "model_name": "m", "window": "5m"}
+        add("specdec_route_estimated_speedup_ratio", 0.8, **key)
+        add("specdec_route_speedup_ratio", 0.81, **key)
+        for k, v in enumerate((1.0, 1.07, 0.97, 0.84)):
+            add("specdec_route_speedup_at_draft_length_ratio", v, draft_length=str(k), **key)
+        add("specdec_route_best_draft_length", 1.0, **key)
+    return p

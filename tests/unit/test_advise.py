@@ -11,35 +11,11 @@ from collections.abc import Callable
 
 from exporter.cli.advise import Page, _ranges, advise, read_prometheus, to_text
 from harness.helpers import free_port, specdec
-
-
-def page(with_curve: bool = True, with_routes: bool = True, measured_to: float = 256) -> Page:
-    p = Page()
-
-    def add(name: str, value: float, **labels: str) -> None:
-        p.samples[name].append((labels, value))
-
-    if with_curve:  # the simulator's model: plain (0.98 + 0.02 b) / 72, verify (1.67 + 0.11 b) / 72
-        add("specdec_model_plain_step_base_seconds", 0.98 / 72, model_name="m")
-        add("specdec_model_plain_step_seconds_per_running_request", 0.02 / 72, model_name="m")
-        add("specdec_model_verify_step_base_seconds", 1.67 / 72, model_name="m")
-        add("specdec_model_verify_step_seconds_per_running_request", 0.11 / 72, model_name="m")
-        add("specdec_model_step_curve_max_running_requests", measured_to, model_name="m")
-    for i, v in enumerate((0.75, 0.52, 0.32)):  # P(more than i drafts accepted), the mix
-        add("specdec_position_acceptance_ratio", v, model_name="m", engine="all", window="5m",
-            position=str(i), target="t")  # fmt: skip
-    if with_routes:
-        key = {"route": "voice", "model_name": "m", "window": "5m"}
-        add("specdec_route_estimated_speedup_ratio", 0.8, **key)
-        add("specdec_route_speedup_ratio", 0.81, **key)
-        for k, v in enumerate((1.0, 1.07, 0.97, 0.84)):
-            add("specdec_route_speedup_at_draft_length_ratio", v, draft_length=str(k), **key)
-        add("specdec_route_best_draft_length", 1.0, **key)
-    return p
+from tests.unit.pages import sidecar_page
 
 
 def test_the_advice_per_route_and_the_schedule() -> None:
-    advice, problem = advise(page(), "5m")
+    advice, problem = advise(sidecar_page(), "5m")
     assert problem is None
     (voice,) = advice["routes"]
     assert voice["best_draft_length"] == 1 and voice["speedup_measured"] == 0.81
@@ -61,7 +37,7 @@ def test_the_advice_per_route_and_the_schedule() -> None:
 def test_nothing_is_advised_past_the_batch_the_curve_was_measured_at() -> None:
     """A curve measured to 7.98 running requests (concurrency 8): the schedule stops at 8 and
     the text says why, instead of reading a straight line out to 256."""
-    advice, problem = advise(page(measured_to=7.98), "5m")
+    advice, problem = advise(sidecar_page(measured_to=7.98), "5m")
     assert problem is None
     schedule = advice["dynamic_speculative_decoding"]["m"]
     assert schedule["measured_up_to_running"] == 8
@@ -71,9 +47,9 @@ def test_nothing_is_advised_past_the_batch_the_curve_was_measured_at() -> None:
     text = to_text(advice)
     assert "running above 8: not advised" in text
     assert not any(f"-{b}: k" in text for b in (15, 63, 255, 256))
-    whole = advise(page(), "5m")[0]["dynamic_speculative_decoding"]["m"]
+    whole = advise(sidecar_page(), "5m")[0]["dynamic_speculative_decoding"]["m"]
     assert whole["speculative_config"]["num_speculative_tokens_per_batch_size"][-1][1] == 256
-    unsaid = page()
+    unsaid = sidecar_page()
     del unsaid.samples["specdec_model_step_curve_max_running_requests"]
     assert "how far" in advise(unsaid, "5m")[0]["dynamic_speculative_decoding"]["m"]["error"]
 
@@ -82,7 +58,7 @@ def test_advise_says_whether_the_configured_schedule_matches() -> None:
     """Advise, apply, verify: once the advice is in the config's draft_length_schedule (the
     sidecar exports it by range), advise says it matches; a config that differs is named with
     the first batch where it does."""
-    p = page()
+    p = sidecar_page()
     advised = advise(p, "5m")[0]["dynamic_speculative_decoding"]["m"]
     assert advised["configured"] is None  # nothing configured: nothing to compare
     ranges = advised["speculative_config"]["num_speculative_tokens_per_batch_size"]
@@ -97,7 +73,7 @@ def test_advise_says_whether_the_configured_schedule_matches() -> None:
     assert "draft_length_schedule " + json.dumps(ranges) + " already matches this" in to_text(
         advice
     )
-    other = page()
+    other = sidecar_page()
     other.samples["specdec_model_schedule_range_draft_length"].append(
         ({"model_name": "m", "first_batch": "1", "last_batch": "256"}, 3.0)
     )
@@ -107,8 +83,8 @@ def test_advise_says_whether_the_configured_schedule_matches() -> None:
 
 
 def test_no_curve_and_no_traffic_are_said() -> None:
-    assert "step-time curve" in (advise(page(with_curve=False), "5m")[1] or "")
-    assert "full 5m window" in (advise(page(with_routes=False), "5m")[1] or "")
+    assert "step-time curve" in (advise(sidecar_page(with_curve=False), "5m")[1] or "")
+    assert "full 5m window" in (advise(sidecar_page(with_routes=False), "5m")[1] or "")
 
 
 def test_ranges() -> None:
@@ -147,7 +123,7 @@ def _prometheus_answering(result: list[dict[str, object]]) -> tuple[str, Callabl
 
 def _vector(instance: str) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
-    for name, samples in page().samples.items():
+    for name, samples in sidecar_page().samples.items():
         for labels, value in samples:
             metric = {"__name__": name, "instance": instance, "job": "specdec", **labels}
             out.append({"metric": metric, "value": [0, str(value)]})
@@ -157,7 +133,7 @@ def _vector(instance: str) -> list[dict[str, object]]:
 def test_from_prometheus_one_sidecar_is_read_and_several_must_be_chosen() -> None:
     one = read_prometheus_page(_vector("a:1"), None)
     assert advise(one, "5m")[0]["routes"][0]["best_draft_length"] == 1
-    assert advise(one, "5m")[0] == advise(page(), "5m")[0]
+    assert advise(one, "5m")[0] == advise(sidecar_page(), "5m")[0]
     url, stop = _prometheus_answering(_vector("a:1") + _vector("b:2"))
     try:
         both = subprocess.run(specdec("advise", "--prometheus", url), capture_output=True,

@@ -52,3 +52,15 @@ def test_each_package_imports_only_what_it_may() -> None:
         and theirs not in MAY_IMPORT[own]
     )
     assert wrong == [], wrong  # e.g. ('tests.x', 'bench.y'): the bench is nobody's library
+
+
+def test_no_module_imports_a_test_module() -> None:
+    """What two test modules share lives in harness/ (or a helper module under tests/), so a
+    test module is only ever collected, never imported for its helpers."""
+    wrong = sorted(
+        (module, target)
+        for module, targets in tree().items()
+        for target in targets
+        if target.rsplit(".", 1)[-1].startswith("test_")
+    )
+    assert wrong == [], wrong
