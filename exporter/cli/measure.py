@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from exporter.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, AddVerb
 from exporter.engines import DEFAULT, KINDS, engine
 from exporter.engines.base import Engine
-from exporter.measure.curve import REPLICATES, Level, measure_curve
+from exporter.measure.curve import REPLICATES, measure_curve
+from exporter.measure.level import Level
 from exporter.measure.report import (
     Roofline,
     curve_plot,

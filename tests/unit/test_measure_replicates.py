@@ -14,7 +14,7 @@ import pytest
 from exporter.core.counts import Counts
 from exporter.engines import engine
 from exporter.measure import curve
-from exporter.measure.curve import Level
+from exporter.measure.level import Level
 from exporter.measure.runner import Plan, Request, ScenarioResult
 from exporter.measure.scenarios import Scenario
 from exporter.measure.steps import AGREE, agree, agreeing

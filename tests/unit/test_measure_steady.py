@@ -14,7 +14,7 @@ import pytest
 
 from exporter.core.counts import Counts
 from exporter.measure import curve, runner
-from exporter.measure.curve import Phase
+from exporter.measure.level import Phase
 from exporter.measure.runner import Plan, Request, ScenarioResult
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import Result
@@ -208,7 +208,7 @@ def test_a_phase_gives_its_steps_error_from_the_spread_of_its_window() -> None:
 def test_a_level_says_what_a_step_gains_per_token_of_context() -> None:
     """The same requests lengthened by 400 tokens of prompt: a plain step 2 ms slower, a verify
     step 4 ms: seconds per token of context."""
-    from exporter.measure.curve import Level
+    from exporter.measure.level import Level
 
     def phase(prompt: int, seconds_per_token: float) -> Phase:
         spans = [(0.0, 100 * seconds_per_token, 100, prompt)]

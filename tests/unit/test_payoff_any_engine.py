@@ -20,7 +20,7 @@ from exporter.core.payoff import decode_steps, geometric_positions
 from exporter.core.windows import Window
 from exporter.engines import engine, recognise
 from exporter.export.route_collector import RouteCollector
-from exporter.measure.curve import Level, Phase
+from exporter.measure.level import Level, Phase
 from exporter.measure.runner import Request, ScenarioResult
 from exporter.measure.scenarios import Scenario
 from exporter.measure.stream_client import Result
