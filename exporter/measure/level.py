@@ -5,12 +5,10 @@ Only the steady part of a phase counts (`Phase.window`): from the time as many r
 ended as there are workers (the first cohort, sent together with its prefills batched and no
 arrivals between them, has turned over) to the time the first worker finds nothing left (from
 then on the batch drains, and a draining engine's steps cost more a token than steady ones at
-the same level). Each request counts with the part of its decode inside that window: its
-seconds there, and the tokens and steps that arrived there (by the stream's events, not pro
-rata by time: a request running on into the drain decodes slower there, and a share by time
-would carry that into the window; on a GPU llama-server at c = 32 a plain request sent late in
-measure's phase decoded x1.5-1.8 slower a token than one sent early, docs/BENCHMARKS.md §11).
-Counting only the requests that ended inside it would choose the ones that ran fast. Per level:
+the same level). Each request counts with the part of its decode inside that window, pro
+rata: counting only the requests that ended inside it would choose the ones that ran fast.
+(Counting its tokens by when they arrived instead was tried and reverted: docs/BENCHMARKS.md
+§11, "Measure's window by arrival".) Per level:
 
 - plain seconds per step = decode seconds / decode tokens (one token per plain step);
 - speculative seconds per step = decode seconds / decode steps, the steps from each request's
@@ -66,14 +64,14 @@ class Phase:
 
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not counted),
-        inside the window (`steady`)."""
+        inside the window: each request's share of them as much as its decode lies in it."""
         d = self.steady()
         return d.tokens, d.seconds, d.steps
 
     def steady(self, within: tuple[float, float] | None = None) -> Steady:
-        """The decode inside the window (or `within`, a part of it): each request's seconds
-        there and the share of its tokens, steps and draft tokens that arrived there, and the
-        context the requests held (their prompt + half their decode, by seconds)."""
+        """The decode inside the window (or `within`, a part of it), each request pro rata
+        as much as its decode lies in it: tokens, seconds, steps where counted, draft tokens,
+        and the context the requests held (their prompt + half their decode, by seconds)."""
         window = within or self.window()
         tokens = seconds = steps = drafted = context = weight = 0.0
         counted = True
@@ -85,7 +83,7 @@ class Phase:
             inside = spent if window is None else min(window[1], span[1]) - max(window[0], span[0])
             if inside <= 0:
                 continue
-            share = 1.0 if window is None else r.result.decoded_share(*window)
+            share = inside / spent
             tokens, seconds = tokens + own * share, seconds + inside
             if (prompt := r.prompt_tokens) is not None:
                 context += inside * (prompt + 1 + own / 2)

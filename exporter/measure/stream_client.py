@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +23,6 @@ class Result:
     finish_reason: str | None
     events: tuple[dict[str, Any], ...] = ()  # the events without content, in order
     sent: float = 0.0  # time.perf_counter() when sent: where the decode lies in a phase
-    # time.perf_counter() at each content event: how far the decode had got at a given time
-    arrivals: tuple[float, ...] = ()
 
     @property
     def decode_span(self) -> tuple[float, float] | None:
@@ -34,16 +31,6 @@ class Result:
             return None
         first = self.sent + self.ttft
         return first, first + self.decode_seconds
-
-    def decoded_share(self, start: float, end: float) -> float:
-        """The share of the decode (the content events after the first) that arrived in
-        (start, end]. By arrival, not by time: a request's rate changes as the batch around it
-        does, and one running on into a drain would bring its slower tail's rate into the
-        window with a share by time (docs/BENCHMARKS.md §11, c = 32)."""
-        later = self.arrivals[1:]
-        if not later:
-            return 0.0
-        return (bisect_right(later, end) - bisect_right(later, start)) / len(later)
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -66,7 +53,8 @@ async def stream_chat(
     """POST a streaming chat/completions request to `url` and measure it."""
     payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
-    arrivals: list[float] = []
+    first: float | None = None
+    last = sent
     usage_tokens: int | None = None
     finish: str | None = None
     events: list[dict[str, Any]] = []
@@ -82,7 +70,8 @@ async def stream_chat(
             for choice in chunk.get("choices") or ():
                 text = (choice.get("delta") or {}).get("content") or choice.get("text")
                 if text:
-                    arrivals.append(time.perf_counter())
+                    last = time.perf_counter()
+                    first = last if first is None else first
                     content = True
                 finish = choice.get("finish_reason") or finish
             if not content:
@@ -92,11 +81,10 @@ async def stream_chat(
     if usage_tokens is None:
         raise RequestFailed("the stream ended without a usage chunk")
     return Result(
-        ttft=arrivals[0] - sent if arrivals else None,
-        decode_seconds=arrivals[-1] - arrivals[0] if arrivals else 0.0,
+        ttft=None if first is None else first - sent,
+        decode_seconds=0.0 if first is None else last - first,
         completion_tokens=usage_tokens,
         finish_reason=finish,
         events=tuple(events),
         sent=sent,
-        arrivals=tuple(arrivals),
     )
