@@ -149,7 +149,7 @@ def proxied(reads: list[bytes], tokens: int) -> Setup:
     pool, loop = proxy.settings.upstream, asyncio.get_running_loop()
     conn = upstream._Connection(pool)
     conn.connection_made(Transport())  # type: ignore[arg-type]
-    client, out = proxy.accept(), Transport()
+    client, out = proxy.accept("127.0.0.1"), Transport()
     client.connection_made(out)  # type: ignore[arg-type]
     raw = request(tokens)
 

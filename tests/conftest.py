@@ -15,6 +15,8 @@ BOTH_LOOPS = {
     "test_downstream.py",
     "test_hostile_clients.py",
     "test_hostile_upstream.py",
+    "test_connection_burst.py",
+    "test_connection_slots.py",
 }
 
 

@@ -17,11 +17,14 @@ request dropped), and an idle connection is closed after `idle_timeout`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
-from exporter.proxy.budget import Budget
+from exporter.proxy.budget import Budget, Hold
 from exporter.proxy.reader import Refusal, RequestReader
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.writer import HIGH_WATER, HTTP_10, ResponseWriter
@@ -46,17 +49,20 @@ class Server(Protocol):
     def limits(self) -> Limits:
         """What the next request on a connection is held to (a reload may change it)."""
 
-    def begin(
-        self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
-    ) -> Call | None:
-        """Start answering; return the call, or None when it was answered at once.
-        `over_limit`: the connection came past the server's connection limit."""
+    def begin(self, writer: ResponseWriter, request: ClientRequest, body: bytes) -> Call | None:
+        """Start answering; return the call, or None when it was answered at once."""
 
     def refuse(self, writer: ResponseWriter, refusal: Refusal) -> None:
         """Answer a request that cannot be served (bad HTTP, too large, too slow) and count it."""
 
     def timed_out(self, phase: str) -> None:
         """A client missed a deadline: "head", "body" or "write" (count it)."""
+
+    def linger(
+        self, transport: asyncio.Transport, answer: bytes, unread: Hold | None, write: float
+    ) -> None:
+        """Close `transport`, done with, by a lingering close (`answer` written first; `unread`
+        held until the client has read what was written; `write`: its write deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,16 @@ class Deadlines:
     body: float = 60.0  # the whole head -> the whole body
     write: float = 30.0  # a response the client stopped reading -> cut
     idle: float = 75.0  # no request under way, nothing read
+
+
+class Use(NamedTuple):
+    """What a connection is doing with its slot, when no request under way keeps it:
+    "kept" (a keep-alive connection between requests, since its last response), "fresh" (no
+    byte received yet, since its accept), "head" or "slow_head" (bytes of a request head
+    come, not all of it: since the first; slow: under MIN_HEAD_RATE for over a second)."""
+
+    kind: str
+    since: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +103,20 @@ class ClientConnection(asyncio.Protocol):
         closed: Callable[[ClientConnection], None],
         *,
         budget: Budget | None = None,
-        over_limit: bool = False,
+        peer: str = "",
     ) -> None:
         self.server = server
         self._closed = closed
+        self.peer = peer  # the client's address: at max_connections, who holds how many slots
         self.limits = server.limits()
-        self.over_limit = over_limit  # every request on it is shed (503), then it closes
         self.reader = RequestReader(self.limits.max_body, budget)
         self.writer = ResponseWriter(self._ended)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._fd = -1  # its socket's, to ask the kernel for bytes not read yet
         self._call: Call | None = None
         self._busy = False  # a request is being answered (its call may not exist yet)
+        self._served = False  # a response has gone out on it: a keep-alive connection
         self._running = False
         self._draining = False  # every response says Connection: close, then it closes
         self._continued = False  # 100 Continue sent for the request being read
@@ -126,44 +144,44 @@ class ClientConnection(asyncio.Protocol):
         self._draining = True
         if self._busy:
             self.writer.close_after = True
-        elif self._transport is not None:
-            self._transport.close()
+        else:
+            self._linger()
 
     # ------------------------------------------------------------ at max_connections
 
-    def idle_since(self) -> float | None:
-        """When it last did anything, if nothing is under way on it: no request answered or
-        waiting, no bytes of a head or body in (a connection that never sent a byte, or a
-        keep-alive one between requests). None otherwise: it is never the one to go."""
+    def use(self, now: float) -> Use | None:
+        """What it does with its slot; None while a request keeps it (being answered, waiting
+        to be, or its body arriving): then it is never the one to go. Bytes still in the kernel
+        are not seen here (`unread`)."""
         reader, transport = self.reader, self._transport
         if transport is None or transport.is_closing() or self._busy or reader.ready:
             return None
-        if reader.head_pending or reader.body_pending:
+        if reader.body_pending:
             return None
-        return self._last
-
-    def head_since(self) -> float | None:
-        """When its request head began, if bytes of one have come and it is not whole."""
-        if self._busy or not self.reader.head_pending:
-            return None
-        return self._head_since
-
-    def slow_head_since(self, now: float) -> float | None:
-        """When its request head began, if that head has been arriving for over a second at
-        under MIN_HEAD_RATE (a trickle holding the slot); None otherwise."""
-        since = self._head_since
-        if since is None or self._busy or not self.reader.head_pending:
-            return None
+        if not reader.head_pending:
+            return Use("kept" if self._served else "fresh", self._last)
+        since = self._head_since if self._head_since is not None else now
         elapsed = now - since
-        if elapsed < MIN_HEAD_SECONDS or self._head_bytes >= MIN_HEAD_RATE * elapsed:
-            return None
-        return since
+        slow = elapsed >= MIN_HEAD_SECONDS and self._head_bytes < MIN_HEAD_RATE * elapsed
+        return Use("slow_head" if slow else "head", since)
 
-    def make_way(self) -> None:
-        """An idle connection gives its slot up: closed cleanly (RFC 9112 §9.6: a server may
-        close an idle connection at any time; a client retries a request it never sent)."""
-        if self._transport is not None:
-            self._transport.close()
+    def unread(self) -> int:
+        """Bytes the client sent that are still in the kernel's buffer: a request under way,
+        whatever the reader has seen."""
+        if self._fd < 0 or self._transport is None:
+            return 0
+        try:
+            got = fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return 0
+        return int(struct.unpack("i", got)[0])
+
+    def make_way(self, answer: bytes = b"") -> None:
+        """It gives its slot up, by a lingering close: a keep-alive connection between
+        requests with a FIN alone (RFC 9112 §9.6: a server may close an idle connection at any
+        time); a new one that sent nothing with `answer` first (a 503), so a request that
+        crosses the close is refused whole, never cut."""
+        self._linger(answer)
 
     def cut_slow_head(self) -> None:
         """A head still arriving gives its slot up: 408, then the close."""
@@ -179,6 +197,8 @@ class ClientConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._transport.set_write_buffer_limits(high=HIGH_WATER)
         self.writer.transport = self._transport
+        sock = self._transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
         self._head_since = self._last  # the first request's head is due from the connect on
         self._timer = self._loop.call_at(
             self._last + self.limits.deadlines.head, self._check_deadlines
@@ -267,7 +287,7 @@ class ClientConnection(asyncio.Protocol):
             self._draining or request.should_close or request.upgrade or request.version == HTTP_10
         )
         self._last = self._loop.time()
-        call = self.server.begin(writer, request, body, self.over_limit)
+        call = self.server.begin(writer, request, body)
         if self._busy:
             self._call = call
 
@@ -279,6 +299,7 @@ class ClientConnection(asyncio.Protocol):
     def _ended(self, complete: bool) -> None:
         """The writer ended a response: on to the next request, or close."""
         self._busy = False
+        self._served = True
         self._call = None
         self.limits = self.server.limits()  # the next request's, after a reload the new ones
         self.reader.max_body = self.limits.max_body
@@ -287,8 +308,7 @@ class ClientConnection(asyncio.Protocol):
         if not complete:
             return  # aborted: the transport is going
         if self.writer.close_after or self.reader.upgraded:
-            if self._transport is not None:
-                self._transport.close()
+            self._linger()
         elif not self._running:
             self._next()
 
@@ -301,6 +321,16 @@ class ClientConnection(asyncio.Protocol):
             transport.pause_reading()
         elif not transport.is_reading():
             transport.resume_reading()
+
+    def _linger(self, answer: bytes = b"") -> None:
+        """Done with the connection: its state is freed now, its socket handed to the server's
+        lingering close (a request that crossed the close meets a FIN, never a reset)."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        unread = self.writer.unread()  # taken before connection_lost would release it
+        self.connection_lost(None)
+        self.server.linger(transport, answer, unread, self.limits.deadlines.write)
 
     def _arm(self, deadline: float) -> None:
         """Make sure the timer fires by `deadline` (it is re-armed lazily otherwise)."""
@@ -333,7 +363,7 @@ class ClientConnection(asyncio.Protocol):
             due.append(now + limits.idle)
         else:
             if now >= self._last + limits.idle:
-                transport.close()  # idle keep-alive
+                self._linger()  # idle keep-alive
                 return
             due.append(self._last + limits.idle)
             if head_since is not None:

@@ -9,9 +9,11 @@ reached. A client that hangs up cancels the upstream request, so vLLM aborts it.
 
 Never the product's outage: routing, the stream tap's observations and accounting run beside
 the byte path, and an exception in them is counted (`Faults`) while the bytes go on as vLLM
-sent them. Past `max_connections` client connections, `max_in_flight` upstream requests or
-`max_buffered_bytes` held a request is shed with vLLM's 503 shape and a Retry-After; on a
-stop signal `drain` lets the requests in flight complete. Every byte from either side may be
+sent them. Past `max_connections` client connections (when none gives its slot: `slots.py`),
+`max_in_flight` upstream requests or `max_buffered_bytes` held a request is shed with vLLM's
+503 shape and a Retry-After; every connection the proxy ends is closed by lingering
+(`linger.py`), so no client that sent a request sees a reset; on a stop signal `drain` lets the
+requests in flight complete. Every byte from either side may be
 hostile: a body the proxy cannot read as a UTF-8 JSON object is relayed untouched and counted
 (a client's doing, never an internal error); a response too large for the budget is relayed
 unread.
@@ -29,25 +31,32 @@ from exporter.accounting.ledger import Accounting
 from exporter.core import reasons
 from exporter.core.faults import Faults
 from exporter.core.slices import request_bands
+from exporter.proxy import slots
 from exporter.proxy.ask import ask
-from exporter.proxy.budget import Budget
+from exporter.proxy.budget import Budget, Hold
 from exporter.proxy.connection import ClientConnection, Limits
 from exporter.proxy.labels import ModelLabels
+from exporter.proxy.linger import Lingering
 from exporter.proxy.listener import Listener
 from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Ending, Relay, Watch
 from exporter.proxy.request import ClientRequest
-from exporter.proxy.responses import end_to_end, error_response, release, request_json
+from exporter.proxy.responses import (
+    end_to_end,
+    error_response,
+    refusal,
+    release,
+    request_json,
+)
 from exporter.proxy.routes import normalized
 from exporter.proxy.settings import Settings
 from exporter.proxy.stats import ProxyStats
 from exporter.proxy.upstream import Body
 from exporter.proxy.writer import ResponseWriter
 
-# at max_connections, an idle connection younger than this yields its slot only after those that
-# are older and those trickling a head: a new client's request is on its way
-IDLE_GRACE = 1.0
+# a newcomer past max_connections, and a new connection that sent nothing and gave its slot
+REFUSED = refusal("the proxy is at its limit of client connections")
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -79,7 +88,8 @@ class Proxy:
         self.budget = Budget(settings.config.max_buffered_bytes, settings.reserve)
         self.draining = False
         self._listener = Listener(self.accept, self._out_of_descriptors, self.log)
-        self._clients: set[ClientConnection] = set()
+        self._clients: set[ClientConnection] = set()  # each holds one of max_connections
+        self._lingering: set[Lingering] = set()  # at most max_connections: accept() waits
         self._drained = asyncio.Event()
 
     async def start(self) -> None:
@@ -116,6 +126,8 @@ class Proxy:
         self._listener.close()
         for client in list(self._clients):
             client.close()
+        for lingering in list(self._lingering):
+            lingering.abort()
         self.settings.upstream.close()
 
     @property
@@ -138,55 +150,61 @@ class Proxy:
         settings = self.settings
         return Limits(settings.config.max_body_bytes, settings.deadlines)
 
-    def accept(self) -> ClientConnection:
-        """The protocol of one accepted connection (one accepted while draining is answered
-        once, then closed). At max_connections another gives it its slot if one can
-        (`_make_room`); else every request on it is shed."""
-        full = len(self._clients) >= self.settings.config.max_connections
-        client = ClientConnection(
-            self, self._closed, budget=self.budget, over_limit=full and not self._make_room()
-        )
+    def accept(self, peer: str) -> asyncio.Protocol:
+        """The protocol of a connection from `peer` (one accepted while draining is answered
+        once, then closed). At max_connections another gives it its slot if one may
+        (`slots.choose`); else it is refused: a whole 503, then a lingering close."""
+        settings = self.settings
+        if len(self._clients) >= settings.config.max_connections and not self._make_room(peer):
+            self.stats.shed["connections"] += 1
+            self._episode("at max_connections: new connections refused (503)")
+            return self._linger_protocol(REFUSED, None, settings.deadlines.write)
+        client = ClientConnection(self, self._closed, budget=self.budget, peer=peer)
         self._clients.add(client)
         if self.draining:
             client.drain()
         return client
 
-    def _make_room(self) -> bool:
-        """At max_connections, a slot for a new connection, taken from (in this order):
-        the connection idle longest with nothing under way, idle for IDLE_GRACE at least
-        (closed cleanly); the one whose request head has been arriving longest, below the
-        minimum rate first (answered 408: a client sends its head in one segment); a
-        connection idle for less (a new client's first bytes are on their way: last). A
-        connection with a request under way is never chosen. False: none can go (the
-        newcomer is shed). The order keeps a peer that trickles heads from winning its slots
-        back: each of its reconnects makes another of its own heads the next to go."""
-        now = asyncio.get_running_loop().time()
-        idle, heads = [], []
-        for c in self._clients:
-            if (since := c.idle_since()) is not None:
-                idle.append((since, c))
-            elif (started := c.head_since()) is not None:
-                slow = c.slow_head_since(now) is None  # False sorts first: the slow ones
-                heads.append(((slow, started), c))
-        settled = [(since, c) for since, c in idle if now - since >= IDLE_GRACE]
-        if settled or (idle and not heads):
-            victim = min(settled or idle, key=lambda pair: pair[0])[1]
-            victim.make_way()
-            reason = "connections_idle_closed"
-        elif heads:
-            victim = min(heads, key=lambda pair: pair[0])[1]
-            victim.cut_slow_head()
-            reason = "connections_slow_head"
-        else:
+    def _make_room(self, peer: str) -> bool:
+        """A slot for a new connection from `peer`, if a connection gives one (`slots.py`)."""
+        chosen = slots.choose(self._clients, peer, asyncio.get_running_loop().time())
+        if chosen is None:
             return False
+        victim, kind = chosen
         self._clients.discard(victim)  # its slot is the newcomer's now
-        self.stats.shed[reason] += 1
-        if self.stats.episode("connections", time.monotonic()):
-            self.log.warning(
-                "at max_connections: idle and slow connections make room for new ones",
-                limit=self.settings.config.max_connections,
-            )
+        if kind in ("kept", "fresh"):
+            victim.make_way(REFUSED if kind == "fresh" else b"")
+            self.stats.shed["connections_idle_closed"] += 1
+        else:
+            victim.cut_slow_head()
+            self.stats.shed["connections_slow_head"] += 1
+        self._episode("at max_connections: idle and slow connections make room for new ones")
         return True
+
+    def _episode(self, event: str) -> None:
+        """One log line per episode of connections at the limit, not one per connection."""
+        if self.stats.episode(event, time.monotonic()):
+            self.log.warning(event, limit=self.settings.config.max_connections)
+
+    def linger(
+        self, transport: asyncio.Transport, answer: bytes, unread: Hold | None, write: float
+    ) -> None:
+        """A connection's socket, done with, closed by lingering (`linger.py`)."""
+        lingering = self._linger_protocol(answer, unread, write)
+        transport.set_protocol(lingering)
+        lingering.take(transport)
+
+    def _linger_protocol(self, answer: bytes, unread: Hold | None, write: float) -> Lingering:
+        lingering = Lingering(self._lingered, answer, unread, write)
+        self._lingering.add(lingering)
+        if len(self._lingering) >= self.settings.config.max_connections:
+            self._listener.hold(True)  # new clients wait in the backlog meanwhile
+        return lingering
+
+    def _lingered(self, lingering: Lingering) -> None:
+        self._lingering.discard(lingering)
+        if len(self._lingering) < self.settings.config.max_connections:
+            self._listener.hold(False)
 
     def _out_of_descriptors(self, reason: str) -> None:
         """A connection answered 503 for want of file descriptors (the listener's)."""
@@ -207,9 +225,7 @@ class Proxy:
     def timed_out(self, phase: str) -> None:
         self.stats.timeouts[phase] += 1
 
-    def begin(
-        self, writer: ResponseWriter, request: ClientRequest, body: bytes, over_limit: bool
-    ) -> Relay | None:
+    def begin(self, writer: ResponseWriter, request: ClientRequest, body: bytes) -> Relay | None:
         """Everything up to the upstream write runs here, in the client's data_received."""
         started = time.perf_counter()  # TTFT counts from here: request in -> first token out
         settings = self.settings  # this request's, to its end whatever a reload swaps in
@@ -224,8 +240,8 @@ class Proxy:
             )
             release(hold)
             return None
-        if over_limit or self.stats.in_flight >= settings.config.max_in_flight:
-            self._shed(writer, "connections" if over_limit else "in_flight")
+        if self.stats.in_flight >= settings.config.max_in_flight:
+            self._shed(writer, "in_flight")
             release(hold)
             return None
         try:
@@ -294,7 +310,6 @@ class Proxy:
         self.stats.shed[limit] += 1
         writer.close_after = True
         what = {
-            "connections": "client connections",
             "in_flight": "requests in flight",
             "buffered_bytes": "buffered bytes",
         }[limit]

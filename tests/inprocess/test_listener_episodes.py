@@ -61,7 +61,7 @@ async def test_a_shortage_right_after_a_success_is_the_same_episode(
     monkeypatch.setattr(listening, "RECOVERED", 0.3)
     shed: list[str] = []
     with capture_logs() as logs:
-        accepting = Listener(Answer, shed.append, structlog.get_logger())
+        accepting = Listener(lambda peer: Answer(), shed.append, structlog.get_logger())
         accepting.start("127.0.0.1", 0)
         assert accepting._sock is not None
         port = accepting._sock.getsockname()[1]
@@ -95,7 +95,7 @@ async def test_no_success_since_the_last_shortage_ends_nothing(
     accept() works again. The next success, and RECOVERED seconds with no shortage, end it."""
     monkeypatch.setattr(listening, "RECOVERED", 0.2)
     with capture_logs() as logs:
-        accepting = Listener(Answer, lambda _: None, structlog.get_logger())
+        accepting = Listener(lambda peer: Answer(), lambda _: None, structlog.get_logger())
         accepting.start("127.0.0.1", 0)
         assert accepting._sock is not None
         port = accepting._sock.getsockname()[1]
