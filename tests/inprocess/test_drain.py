@@ -51,7 +51,8 @@ async def test_a_connection_accepted_while_draining_is_answered_once_then_closed
                 drained = asyncio.create_task(side.drain())
                 await asyncio.sleep(0)
                 ours, theirs = socket.socketpair()
-                await asyncio.get_running_loop().connect_accepted_socket(lambda: proxy.accept(""), theirs)
+                loop = asyncio.get_running_loop()
+                await loop.connect_accepted_socket(lambda: proxy.accept(""), theirs)
                 reader, writer = await asyncio.open_connection(sock=ours)
                 writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
                 late = await asyncio.wait_for(reader.read(), 10)  # to EOF: it was closed
