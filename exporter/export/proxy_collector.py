@@ -44,8 +44,10 @@ class ProxyCollector(FamiliesCollector):
             "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight, "
             "max_buffered_bytes, or the process's file descriptors (for a client connection or "
             "an upstream one); and connections made to give their slot to a new one at "
-            "max_connections: connections_idle_closed (nothing under way: closed cleanly), "
-            "connections_slow_head (a head trickling in under 512 B/s: 408).",
+            "max_connections: connections_idle_closed (keep-alive, between requests: closed), "
+            "connections_silent_closed (new, nothing sent in its grace: 503, closed), "
+            "connections_slow_head (a head trickling in under 512 B/s, or of the address "
+            "holding the most slots: 408).",
             "limit",
             proxy.stats.shed,
         )

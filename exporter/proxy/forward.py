@@ -172,9 +172,12 @@ class Proxy:
             return False
         victim, kind = chosen
         self._clients.discard(victim)  # its slot is the newcomer's now
-        if kind in ("kept", "fresh"):
-            victim.make_way(REFUSED if kind == "fresh" else b"")
+        if kind == "kept":
+            victim.make_way()
             self.stats.shed["connections_idle_closed"] += 1
+        elif kind == "fresh":
+            victim.make_way(REFUSED)
+            self.stats.shed["connections_silent_closed"] += 1
         else:
             victim.cut_slow_head()
             self.stats.shed["connections_slow_head"] += 1

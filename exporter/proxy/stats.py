@@ -9,13 +9,15 @@ from exporter.proxy.framing import FRAMING_REASONS
 
 UPSTREAM_ERRORS = ("connection", "closed", "timeout", "broken", "malformed")
 # a limit a request was shed at (503), and how a connection was made to give its slot to a
-# new one at max_connections: idle with nothing under way (closed), or its head trickling (408)
+# new one at max_connections: a keep-alive one between requests (closed), a new one that sent
+# nothing (503, closed), or a head arriving (408)
 LIMITS = (
     "connections",
     "in_flight",
     "buffered_bytes",
     "descriptors",
     "connections_idle_closed",
+    "connections_silent_closed",
     "connections_slow_head",
 )
 UNREADABLE = ("not_utf8", "invalid_json", "too_deep", "not_an_object")  # completion bodies

@@ -49,6 +49,7 @@ async def test_past_max_in_flight_requests_get_503_with_retry_after() -> None:
         "buffered_bytes": 0,
         "descriptors": 0,
         "connections_idle_closed": 0,
+        "connections_silent_closed": 0,
         "connections_slow_head": 0,
     }
 
