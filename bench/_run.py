@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import datetime
+import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -15,6 +18,10 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"  # a file per recorded run: its commit, command, figures
 
 
 def guarded(name: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -48,6 +55,41 @@ def free_port() -> int:
         return port
 
 
+def revision(repo: Path) -> str:
+    """The commit measured, and whether exporter/ differs from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "exporter"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{head or 'unknown'}{' (exporter/ modified)' if dirty else ''}"
+
+
+def record(bench: str, figures: dict[str, Any], into: Path = RESULTS) -> Path:
+    """Keep one run's figures as data: bench/results/<bench>-<UTC time>-<commit>.json, with
+    the commit, the command line and the machine beside them."""
+    now = datetime.datetime.now(datetime.UTC)
+    commit = revision(REPO)
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / f"{bench}-{now:%Y%m%dT%H%M%SZ}-{commit.split()[0]}.json"
+    run = {
+        "bench": bench,
+        "commit": commit,
+        "command": " ".join(["python3", *sys.argv]),
+        "started_utc": now.isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    path.write_text(json.dumps({**run, "figures": figures}, indent=1) + "\n")
+    return path
+
+
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 READY_DEADLINE = 30.0
@@ -60,7 +102,7 @@ def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=REPO,
         )
 
 

@@ -58,12 +58,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _run import SIDECAR_CONF, die_with_parent, free_port, guarded
+from _run import REPO, SIDECAR_CONF, die_with_parent, free_port, guarded, revision
 from _stream_client import Pool, Sample
 
 from exporter.process import loop_factory
 
-REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
 READY_DEADLINE = 30.0
 MODEL = "sim-27b"
@@ -815,23 +814,6 @@ def background_load(seconds: float = 2.0) -> float:
     before = machine_busy()
     time.sleep(seconds)
     return (machine_busy() - before) / seconds
-
-
-def revision(repo: Path) -> str:
-    """The commit measured, and whether exporter/ differs from it."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "exporter"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return f"{head or 'unknown'}{' (exporter/ modified)' if dirty else ''}"
 
 
 def run(args: argparse.Namespace) -> int:

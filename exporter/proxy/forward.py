@@ -55,8 +55,10 @@ from exporter.proxy.stats import ProxyStats
 from exporter.proxy.upstream import Body
 from exporter.proxy.writer import ResponseWriter
 
-# a newcomer past max_connections, and a new connection that sent nothing and gave its slot
-REFUSED = refusal("the proxy is at its limit of client connections")
+REFUSED = refusal("the proxy is at its limit of client connections")  # a newcomer past it
+SILENT = refusal(  # a new connection that sent nothing, made to give its slot
+    "the proxy is at its limit of client connections: this connection had sent nothing"
+)
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -176,7 +178,7 @@ class Proxy:
             victim.make_way()
             self.stats.shed["connections_idle_closed"] += 1
         elif kind == "fresh":
-            victim.make_way(REFUSED)
+            victim.make_way(SILENT)
             self.stats.shed["connections_silent_closed"] += 1
         else:
             victim.cut_slow_head()

@@ -155,3 +155,30 @@ async def test_keep_alive_clients_in_the_slots_are_closed_cleanly_and_come_back(
     assert set(seen) <= {"whole", "503"}, seen
     assert keep_alive == ["whole"] * (KEPT * ROUNDS), Counter(keep_alive)
     assert shed["connections_idle_closed"] >= ROUNDS, shed  # the kept ones made room
+
+
+async def test_a_request_that_crosses_the_close_of_its_keep_alive_connection_meets_a_fin() -> None:
+    """The race no server can close: a keep-alive client sends its next request just as the
+    proxy closes the connection to make room. The lingering close reads and drops it (it is
+    never forwarded) and the client reads an EOF, never a reset, so it knows the connection
+    is gone (the OpenAI SDKs retry such a connection error)."""
+    async with simulator() as (_, upstream), sidecar(upstream, max_connections=1) as rig:
+        side, proxy, _ = rig
+        port = int(proxy.rsplit(":", 1)[1])
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(2) as threads:
+            kept = await loop.run_in_executor(threads, Kept, port)
+            address = ("127.0.0.1", port)
+            newcomer = await loop.run_in_executor(threads, socket.create_connection, address)
+            assert side.proxy is not None
+            while side.proxy.stats.shed["connections_idle_closed"] < 1:
+                await asyncio.sleep(0.01)  # the kept one made way for the newcomer
+            kept.sock.sendall(request(stream=False, close=False))  # crossing the close
+            got = await loop.run_in_executor(threads, kept.sock.recv, 65536)
+            assert got == b""  # a FIN: no status line, and no reset
+            newcomer.sendall(request(stream=False))
+            assert await loop.run_in_executor(threads, answer, newcomer, False) == "whole"
+            kept.sock.close()
+            newcomer.close()
+        assert side.proxy.stats.shed["connections"] == 0
+        assert sum(side.proxy.accounting.requests.values()) == 2  # the crossing one: never sent
