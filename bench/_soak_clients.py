@@ -1,10 +1,11 @@
 """The soak's clients and how each request ended, as the client saw it.
 
 Every request gets one outcome, and each outcome has the proxy counter that must have counted
-it (`COUNTER`): a request is answered whole, refused with a status, or failed by the upstream;
-"lost" (no status line, or a 200 cut while the engine was up) has no counter and fails the
-soak. The raw clients (bursts, slow readers, churners) send `Connection: close` and read to
-EOF, then judge the bytes; a reset is judged on what arrived before it.
+it (`COUNTER`): a request is answered whole, refused with a status (a 503 past a limit, or the
+408 of a connection the proxy closed as it came), or failed by the upstream; "lost" (no status
+line, or a 200 cut while the engine was up) has no counter and fails the soak. The raw
+clients (bursts, slow readers, churners) send `Connection: close` and read to EOF, then judge
+the bytes; a reset is judged on what arrived before it.
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ COUNTER = {
     "upstream_502": ("specdec_route_requests_total", "status", "502"),
     "upstream_504": ("specdec_route_requests_total", "status", "504"),
     "refused_connections": ("specdec_proxy_shed_requests_total", "limit", "connections"),
-    "refused_silent": ("specdec_proxy_shed_requests_total", "limit", "connections_silent_closed"),
     "refused_in_flight": ("specdec_proxy_shed_requests_total", "limit", "in_flight"),
+    "closed_silent": ("specdec_proxy_shed_requests_total", "limit", "connections_silent_closed"),
+    "closed_idle": ("specdec_proxy_crossed_close_requests_total", "", ""),
+    "closed_slow_head": ("specdec_proxy_shed_requests_total", "limit", "connections_slow_head"),
     "timeout_head": ("specdec_proxy_client_timeouts_total", "phase", "head"),
-    "refused_slow_head": ("specdec_proxy_shed_requests_total", "limit", "connections_slow_head"),
 }
-REFUSALS = {  # the 503's message -> its outcome
-    "client connections: this connection had sent nothing": "refused_silent",
-    "client connections": "refused_connections",
-    "requests in flight": "refused_in_flight",
+ANSWERS = {  # (status, a word of its message) -> its outcome
+    (503, "client connections"): "refused_connections",
+    (503, "requests in flight"): "refused_in_flight",
+    (408, "new connection"): "closed_silent",
+    (408, "idle keep-alive"): "closed_idle",
+    (408, "too slowly"): "closed_slow_head",
+    (408, "not received in time"): "timeout_head",
 }
 
 
@@ -50,17 +55,25 @@ class Tally:
         if outcome not in COUNTER and len(self.examples) < 10:
             self.examples.append(f"{outcome}: {example}"[:300])
 
+    def refused(self) -> int:
+        """Requests answered with a status that says they were not served."""
+        served = ("whole", "hung_up", "upstream_502", "upstream_504")
+        return sum(n for o, n in self.requests.items() if o in COUNTER and o not in served)
+
     def lost(self) -> int:
         return sum(n for outcome, n in self.requests.items() if outcome not in COUNTER)
 
 
 def body(rng: random.Random, stream: bool, tokens: tuple[int, int] = (16, 96)) -> bytes:
+    """A chat request of a random length in `tokens`; a long one (over 100 tokens) runs to
+    its max_tokens (`ignore_eos`), so a client that hangs up early finds it under way."""
     words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) for _ in range(8))
     return json.dumps(
         {
             "model": MODEL,
             "messages": [{"role": "user", "content": words}],
             "max_tokens": rng.randrange(*tokens),
+            "ignore_eos": tokens[0] > 100,
             "stream": stream,
         }
     ).encode()
@@ -75,16 +88,15 @@ def request(payload: bytes, route: str = "voice") -> bytes:
 
 
 def refusal(status: int, text: bytes) -> str:
-    """The outcome of a whole error response, by its status and vLLM-shaped message."""
-    if status == 503:
-        try:
-            message = json.loads(text)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            return "refused_unknown"
-        return next((o for m, o in REFUSALS.items() if m in message), "refused_unknown")
-    if status == 408:
-        return "refused_slow_head" if b"too slowly" in text else "timeout_head"
-    return {502: "upstream_502", 504: "upstream_504"}.get(status, f"status_{status}")
+    """The outcome of a whole answer other than a 200, by its status and vLLM-shaped message."""
+    if status in (502, 504):
+        return f"upstream_{status}"
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    found = (o for (s, word), o in ANSWERS.items() if s == status and word in message)
+    return next(found, f"status_{status}")
 
 
 def judge(raw: bytes, stream: bool) -> str:

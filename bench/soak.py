@@ -16,8 +16,9 @@ processes, and at once:
               counters start from zero, the proxy's upstream connections break)
 
 Every request ends in one outcome as its client saw it (`_soak_clients.COUNTER`): whole,
-hung up, refused with a status (503 past the limit, 503 to a connection that had sent nothing
-and gave its slot, 408), or failed by the upstream (502/504, or a 200 cut while the engine was
+hung up, refused with a status (503 past the limit; the 408 of a connection the proxy closed
+as the request came: one that had sent nothing, or a keep-alive one between requests, both to
+make room), or failed by the upstream (502/504, or a 200 cut while the engine was
 down). Each outcome's count must equal the proxy's own counter for it, one to one, over the
 run; a request with no status line, or cut while the engine was up, is lost. Every
 `--report-every` seconds one line: requests, lost, refused, the sidecar's RSS, open file
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -132,7 +134,8 @@ class Load:
         elif kind == "junk":
             headers = {"X-Route": "".join(rng.choices("abcdefghijklmnopqrstuvwxyz0-", k=12))}
         stream = kind != "whole"
-        data = body(rng, stream, (200, 400) if kind == "hang-up" else (16, 96))
+        data = body(rng, stream, (2000, 4000) if kind == "hang-up" else (16, 96))  # hang-up:
+        # a stream long enough (~1 s) to be under way when its client, on a busy loop, leaves
         headers["Content-Type"] = "application/json"
         try:
             async with session.post(base + path, data=data, headers=headers) as resp:
@@ -243,7 +246,7 @@ class Reporter:
         page = await asyncio.to_thread(scrape, self.metrics)
         for name in page:
             self.seen.setdefault(name, elapsed / 60)
-        refused = sum(n for o, n in load.tally.requests.items() if o.startswith("refused"))
+        refused = load.tally.refused()
         report = Report(
             round(elapsed / 60, 2), load.sent, load.tally.lost(), refused, round(rss, 1), fds,
             len(page), round((cpu - self.cpu) / self.args.report_every, 3),
@@ -287,19 +290,34 @@ def counters(page: dict[str, float]) -> dict[str, float]:
     return {outcome: total(page, *where) for outcome, where in COUNTER.items()}
 
 
-async def settle(pid: int, metrics: str, fds_before: int) -> tuple[dict[str, float], int]:
+async def settle(
+    pid: int, metrics: str, fds_before: int, engine: int
+) -> tuple[dict[str, float], int]:
     """Once the clients have left: the proxy's counters when two scrapes agree (a hang-up is
-    counted when the proxy sees the close), and its descriptors when back to `fds_before` (the
-    upstream pool's idle connections close after 4 s), within SETTLED seconds."""
+    counted when the proxy sees the close), and its descriptors other than the upstream pool's
+    keep-alive connections to the engine, when back to `fds_before` (within SETTLED s)."""
     deadline = time.monotonic() + SETTLED
     last: dict[str, float] | None = None
     while True:
         now = counters(await asyncio.to_thread(scrape, metrics))
-        fds = proc_stats(pid)[1]
+        fds = proc_stats(pid)[1] - pooled(pid, engine)
         if (now == last and fds <= fds_before) or time.monotonic() > deadline:
             return now, fds
         last = now
         await asyncio.sleep(0.5)
+
+
+def pooled(pid: int, port: int) -> int:
+    """The process's TCP connections to `port` on 127.0.0.1 (Linux's /proc/net/tcp)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = fd.readlink().name
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    remote = f"0100007F:{port:04X}"
+    rows = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for row in rows if (f := row.split())[2] == remote and f[9] in inodes)
 
 
 def matched(tally: Tally, before: dict[str, float], after: dict[str, float]) -> list[str]:
@@ -335,11 +353,16 @@ async def soak(args: argparse.Namespace, tmp: Path) -> tuple[list[Report], dict[
     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         await asyncio.to_thread(wait_http, sidecar, f"http://127.0.0.1:{metrics_port}/-/ready")
+        page = await asyncio.to_thread(scrape, metrics)
+        while not total(page, "specdec_target_up"):  # its scrape connection to the engine open
+            await asyncio.sleep(0.1)
+            page = await asyncio.to_thread(scrape, metrics)
         rss_start, fds_start, _ = proc_stats(sidecar.pid)
-        before = counters(await asyncio.to_thread(scrape, metrics))
+        fds_start -= pooled(sidecar.pid, sim_port)
+        before = counters(page)
         load, reporter = Load(args, engine, proxy_port), Reporter(args, sidecar.pid, metrics)
         await load.run(reporter)
-        after, fds_end = await settle(sidecar.pid, metrics, fds_start)
+        after, fds_end = await settle(sidecar.pid, metrics, fds_start, sim_port)
         page = await asyncio.to_thread(scrape, metrics)
         rss_end = proc_stats(sidecar.pid)[0]
     finally:
@@ -374,7 +397,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> tuple[list[Report], dict[
         "internal_errors": total(page, "specdec_proxy_internal_errors_total"),
         "skipped_ticks": load.skipped,
     }
-    refused = sum(n for o, n in tally.requests.items() if o.startswith("refused"))
+    refused = tally.refused()
     cpu = reporter.reports[-1].cpu_share if reporter.reports else 0.0
     final = Report(
         round(args.minutes, 2), load.sent, tally.lost(), refused, round(rss_end, 1), fds_end,

@@ -39,6 +39,13 @@ class ProxyCollector(FamiliesCollector):
             "not chunked, a head or body too slow.",
         )
         refused.add_metric([], float(proxy.stats.refused))
+        crossed = CounterMetricFamily(
+            "specdec_proxy_crossed_close_requests",
+            "Requests that came on a keep-alive connection as the proxy closed it between "
+            "requests (idle_timeout, a drain, or to make room at max_connections): never read "
+            "or forwarded; the client read the 408 the proxy wrote before its close.",
+        )
+        crossed.add_metric([], float(proxy.stats.crossed_close))
         shed = _counter(
             "specdec_proxy_shed_requests",
             "Requests answered 503 (Retry-After) past a limit: max_connections, max_in_flight, "
@@ -88,7 +95,8 @@ class ProxyCollector(FamiliesCollector):
             "specdec_proxy_client_connections", "Client connections open to the proxy."
         )
         clients.add_metric([], float(proxy.client_connections))
-        yield from (errors, framing, refused, shed, timeouts, unreadable, buffered, limit, cut)
+        yield from (errors, framing, refused, crossed, shed, timeouts, unreadable, buffered)
+        yield from (limit, cut)
         yield from (in_flight, clients)
 
 

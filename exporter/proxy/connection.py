@@ -27,12 +27,18 @@ from typing import NamedTuple, Protocol, cast
 from exporter.proxy.budget import Budget, Hold
 from exporter.proxy.reader import Refusal, RequestReader
 from exporter.proxy.request import ClientRequest
+from exporter.proxy.responses import closing
 from exporter.proxy.writer import HIGH_WATER, HTTP_10, ResponseWriter
 
 # a request head arriving slower than this, for longer than a second, yields its connection's
 # slot to a new connection when the proxy is at max_connections (a head comes in one segment)
 MIN_HEAD_RATE = 512.0  # bytes a second
 MIN_HEAD_SECONDS = 1.0
+# what a connection with no request under way is told as the proxy closes it (RFC 9110
+# §15.5.9: a server that will not wait any longer says 408 and closes): a request that crosses
+# the close reads a whole answer that says it was not served, never a bare EOF or a reset
+IDLE_CLOSED = closing(408, "the proxy closed this idle keep-alive connection")
+SILENT_CLOSED = closing(408, "no request came in time on this new connection to a busy proxy")
 
 
 class Call(Protocol):
@@ -59,10 +65,16 @@ class Server(Protocol):
         """A client missed a deadline: "head", "body" or "write" (count it)."""
 
     def linger(
-        self, transport: asyncio.Transport, answer: bytes, unread: Hold | None, write: float
+        self,
+        transport: asyncio.Transport,
+        answer: bytes,
+        unread: Hold | None,
+        write: float,
+        idle: bool,
     ) -> None:
         """Close `transport`, done with, by a lingering close (`answer` written first; `unread`
-        held until the client has read what was written; `write`: its write deadline)."""
+        held until the client has read what was written; `write`: its write deadline; `idle`:
+        it was between requests, so bytes after the close are a request that crossed it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +157,7 @@ class ClientConnection(asyncio.Protocol):
         if self._busy:
             self.writer.close_after = True
         else:
-            self._linger()
+            self.make_way()
 
     # ------------------------------------------------------------ at max_connections
 
@@ -176,12 +188,10 @@ class ClientConnection(asyncio.Protocol):
             return 0
         return int(struct.unpack("i", got)[0])
 
-    def make_way(self, answer: bytes = b"") -> None:
-        """It gives its slot up, by a lingering close: a keep-alive connection between
-        requests with a FIN alone (RFC 9112 §9.6: a server may close an idle connection at any
-        time); a new one that sent nothing with `answer` first (a 503), so a request that
-        crosses the close is refused whole, never cut."""
-        self._linger(answer)
+    def make_way(self) -> None:
+        """Closed with no request under way (to make room, or at a drain): a 408, then a
+        lingering close."""
+        self._linger(IDLE_CLOSED if self._served else SILENT_CLOSED, idle=self._served)
 
     def cut_slow_head(self) -> None:
         """A head still arriving gives its slot up: 408, then the close."""
@@ -322,15 +332,16 @@ class ClientConnection(asyncio.Protocol):
         elif not transport.is_reading():
             transport.resume_reading()
 
-    def _linger(self, answer: bytes = b"") -> None:
+    def _linger(self, answer: bytes = b"", idle: bool = False) -> None:
         """Done with the connection: its state is freed now, its socket handed to the server's
-        lingering close (a request that crossed the close meets a FIN, never a reset)."""
+        lingering close, `answer` written first. `idle`: a keep-alive connection between
+        requests, where bytes that come after the close are a request that crossed it."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         unread = self.writer.unread()  # taken before connection_lost would release it
         self.connection_lost(None)
-        self.server.linger(transport, answer, unread, self.limits.deadlines.write)
+        self.server.linger(transport, answer, unread, self.limits.deadlines.write, idle)
 
     def _arm(self, deadline: float) -> None:
         """Make sure the timer fires by `deadline` (it is re-armed lazily otherwise)."""
@@ -363,7 +374,7 @@ class ClientConnection(asyncio.Protocol):
             due.append(now + limits.idle)
         else:
             if now >= self._last + limits.idle:
-                self._linger()  # idle keep-alive
+                self._linger(IDLE_CLOSED, idle=True)  # idle keep-alive
                 return
             due.append(self._last + limits.idle)
             if head_since is not None:

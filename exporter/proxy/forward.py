@@ -43,9 +43,9 @@ from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Ending, Relay, Watch
 from exporter.proxy.request import ClientRequest
 from exporter.proxy.responses import (
+    closing,
     end_to_end,
     error_response,
-    refusal,
     release,
     request_json,
 )
@@ -55,10 +55,7 @@ from exporter.proxy.stats import ProxyStats
 from exporter.proxy.upstream import Body
 from exporter.proxy.writer import ResponseWriter
 
-REFUSED = refusal("the proxy is at its limit of client connections")  # a newcomer past it
-SILENT = refusal(  # a new connection that sent nothing, made to give its slot
-    "the proxy is at its limit of client connections: this connection had sent nothing"
-)
+REFUSED = closing(503, "the proxy is at its limit of client connections")  # a newcomer past it
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -174,12 +171,10 @@ class Proxy:
             return False
         victim, kind = chosen
         self._clients.discard(victim)  # its slot is the newcomer's now
-        if kind == "kept":
+        if kind in ("kept", "fresh"):
             victim.make_way()
-            self.stats.shed["connections_idle_closed"] += 1
-        elif kind == "fresh":
-            victim.make_way(SILENT)
-            self.stats.shed["connections_silent_closed"] += 1
+            reason = "connections_idle_closed" if kind == "kept" else "connections_silent_closed"
+            self.stats.shed[reason] += 1
         else:
             victim.cut_slow_head()
             self.stats.shed["connections_slow_head"] += 1
@@ -192,15 +187,24 @@ class Proxy:
             self.log.warning(event, limit=self.settings.config.max_connections)
 
     def linger(
-        self, transport: asyncio.Transport, answer: bytes, unread: Hold | None, write: float
+        self,
+        transport: asyncio.Transport,
+        answer: bytes,
+        unread: Hold | None,
+        write: float,
+        idle: bool,
     ) -> None:
         """A connection's socket, done with, closed by lingering (`linger.py`)."""
-        lingering = self._linger_protocol(answer, unread, write)
+        lingering = self._linger_protocol(answer, unread, write, idle)
         transport.set_protocol(lingering)
         lingering.take(transport)
 
-    def _linger_protocol(self, answer: bytes, unread: Hold | None, write: float) -> Lingering:
-        lingering = Lingering(self._lingered, answer, unread, write)
+    def _linger_protocol(
+        self, answer: bytes, unread: Hold | None, write: float, idle: bool = False
+    ) -> Lingering:
+        lingering = Lingering(
+            self._lingered, answer, unread, write, self._crossed_close if idle else None
+        )
         self._lingering.add(lingering)
         if len(self._lingering) >= self.settings.config.max_connections:
             self._listener.hold(True)  # new clients wait in the backlog meanwhile
@@ -210,6 +214,10 @@ class Proxy:
         self._lingering.discard(lingering)
         if len(self._lingering) < self.settings.config.max_connections:
             self._listener.hold(False)
+
+    def _crossed_close(self) -> None:
+        """A request came on an idle connection the proxy had closed: it read the 408."""
+        self.stats.crossed_close += 1
 
     def _out_of_descriptors(self, reason: str) -> None:
         """A connection answered 503 for want of file descriptors (the listener's)."""

@@ -28,7 +28,8 @@ class Lingering(asyncio.Protocol):
     bytes are read and dropped until it closes, goes quiet or `LONGEST` passes. While bytes we
     wrote are still going out, the lingering waits for them (the response is whole first), as
     long as they make progress within `write_timeout`, and `unread` (the budget's bytes for
-    them) is held until they are out. `over` is told once, when the socket is closed."""
+    them) is held until they are out. `crossed` is told once if the client sends anything (a
+    request that crossed the close of an idle connection); `over` once, when it is closed."""
 
     def __init__(
         self,
@@ -36,8 +37,10 @@ class Lingering(asyncio.Protocol):
         answer: bytes = b"",
         unread: Hold | None = None,
         write_timeout: float = 30.0,
+        crossed: Callable[[], None] | None = None,
     ) -> None:
         self._over = over
+        self._crossed = crossed
         self._answer = answer
         self._unread = unread
         self._write_timeout = write_timeout
@@ -72,6 +75,9 @@ class Lingering(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last = self._loop.time()  # dropped: nothing after the end is answered
+        if self._crossed is not None:
+            self._crossed()
+            self._crossed = None
 
     def eof_received(self) -> bool:
         return False  # the client closed its side too: the transport closes (after our bytes)

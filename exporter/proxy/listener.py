@@ -28,13 +28,13 @@ from functools import partial
 
 from structlog.stdlib import BoundLogger
 
-from exporter.proxy.responses import refusal
+from exporter.proxy.responses import closing
 
 EXHAUSTED = {errno.EMFILE: "emfile", errno.ENFILE: "enfile"}
 PER_WAKE = 64  # connections taken per readiness event: the loop's other work goes on between
 BACKOFF = (0.05, 1.0)  # seconds: when not even the reserve helps, accept() is paused this long
 RECOVERED = 1.0  # seconds of accept() with no shortage that end an episode
-SHED = refusal("the proxy is out of file descriptors")
+SHED = closing(503, "the proxy is out of file descriptors")
 
 
 class Listener:

@@ -57,22 +57,17 @@ def release(hold: Hold | None) -> None:
         hold.release()
 
 
-def refusal(message: str) -> bytes:
-    """A whole 503 in vLLM's error shape with `Retry-After: 1` and `Connection: close`, as
-    bytes: for a connection refused before a request was read (no writer, any HTTP version)."""
+def closing(status: int, message: str) -> bytes:
+    """A whole response in vLLM's error shape with `Connection: close` (and `Retry-After: 1`
+    for a 503), as bytes: written where no request was read, so it fits any HTTP version."""
+    kind = {408: "RequestTimeout", 503: "ServiceUnavailableError"}[status]
     body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": "ServiceUnavailableError",
-                "param": None,
-                "code": 503,
-            }
-        }
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}
     ).encode()
+    retry = "Retry-After: 1\r\n" if status == 503 else ""
     head = (
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        f"Retry-After: 1\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"{retry}Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 

@@ -39,6 +39,7 @@ class ProxyStats:
     timeouts: dict[str, int] = field(default_factory=lambda: _zeros(TIMEOUTS))
     unreadable: dict[str, int] = field(default_factory=lambda: _zeros(UNREADABLE))
     refused: int = 0
+    crossed_close: int = 0  # requests that came on an idle connection as the proxy closed it
     cut_at_drain: int = 0  # requests still running when the drain's grace ran out
     in_flight: int = 0
     # when each kind of episode was last logged (one line per episode, not per connection)

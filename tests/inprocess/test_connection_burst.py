@@ -90,16 +90,21 @@ class Kept:
         assert answer(self.sock, stream=False) == "whole"
 
     def closed_cleanly(self) -> bool | None:
-        """True: the proxy closed it with a FIN; False: still open; None: reset."""
+        """True: the proxy closed it (a 408 that says so, then a FIN); False: still open;
+        None: reset, or bytes that are not that 408."""
         self.sock.setblocking(False)
         try:
-            return self.sock.recv(1) == b""
+            got = self.sock.recv(65536)
         except BlockingIOError:
             return False
         except ConnectionResetError:
             return None
         finally:
             self.sock.settimeout(30)
+        if got:  # the 408 came: the FIN follows it
+            got += b"".join(iter(lambda: self.sock.recv(65536), b""))
+            return idle_closed(got) or None
+        return True
 
     def next_request(self) -> str:
         """On a new connection if the proxy closed this one, else on this one."""
@@ -112,6 +117,16 @@ class Kept:
             self.sock.settimeout(30)
         self.sock.sendall(request(stream=False, close=False))
         return answer(self.sock, stream=False)
+
+
+def idle_closed(got: bytes) -> bool:
+    """A whole 408 that closes an idle keep-alive connection."""
+    head, _, body = got.partition(b"\r\n\r\n")
+    return (
+        head.startswith(b"HTTP/1.1 408 ")
+        and b"\r\nConnection: close" in head
+        and "idle keep-alive" in json.loads(body)["error"]["message"]
+    )
 
 
 async def rounds(port: int, stream: bool, kept: int) -> tuple[Counter[str], list[str]]:
@@ -157,11 +172,11 @@ async def test_keep_alive_clients_in_the_slots_are_closed_cleanly_and_come_back(
     assert shed["connections_idle_closed"] >= ROUNDS, shed  # the kept ones made room
 
 
-async def test_a_request_that_crosses_the_close_of_its_keep_alive_connection_meets_a_fin() -> None:
+async def test_a_request_that_crosses_the_close_of_its_keep_alive_connection_reads_a_408() -> None:
     """The race no server can close: a keep-alive client sends its next request just as the
-    proxy closes the connection to make room. The lingering close reads and drops it (it is
-    never forwarded) and the client reads an EOF, never a reset, so it knows the connection
-    is gone (the OpenAI SDKs retry such a connection error)."""
+    proxy closes the connection to make room. The proxy wrote a 408 before its FIN (RFC 9110
+    §15.5.9), so the client reads a whole answer that says the request was not served (the
+    lingering close drops it unread, never forwarded), never a bare EOF or a reset."""
     async with simulator() as (_, upstream), sidecar(upstream, max_connections=1) as rig:
         side, proxy, _ = rig
         port = int(proxy.rsplit(":", 1)[1])
@@ -175,7 +190,10 @@ async def test_a_request_that_crosses_the_close_of_its_keep_alive_connection_mee
                 await asyncio.sleep(0.01)  # the kept one made way for the newcomer
             kept.sock.sendall(request(stream=False, close=False))  # crossing the close
             got = await loop.run_in_executor(threads, kept.sock.recv, 65536)
-            assert got == b""  # a FIN: no status line, and no reset
+            got += await loop.run_in_executor(threads, kept.sock.recv, 65536)  # the FIN: b""
+            assert idle_closed(got), got
+            while side.proxy.stats.crossed_close < 1:
+                await asyncio.sleep(0.01)  # counted when its bytes reach the lingering close
             newcomer.sendall(request(stream=False))
             assert await loop.run_in_executor(threads, answer, newcomer, False) == "whole"
             kept.sock.close()

@@ -124,10 +124,14 @@ async def test_an_upgrade_is_answered_as_a_plain_request_then_the_connection_clo
     assert b"upgrade" not in body.lower() and b"frames" not in body
 
 
-async def test_an_idle_connection_is_closed() -> None:
+async def test_an_idle_connection_is_closed_with_a_408_first() -> None:
+    """A request that crosses the close reads a 408 (not served), never a bare EOF."""
     async with proxy_port(idle_timeout=0.2) as port:
         reader, writer = await exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
         await response(reader)
+        status, headers, body = await response(reader)
+        assert status.startswith(b"HTTP/1.1 408") and headers["connection"] == "close"
+        assert b"idle keep-alive" in body
         assert await asyncio.wait_for(reader.read(), 10) == b""
         writer.close()
 
