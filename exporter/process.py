@@ -1,8 +1,8 @@
 """What every long-running verb does the same way: check its listen addresses before anything
-starts, run on uvloop when it is installed, and stop cleanly on SIGINT, SIGTERM and SIGHUP
-(what Ctrl-C, `timeout`, systemd, `docker stop` and a closed terminal send), exiting 0. A verb
-with requests in flight asks for a `graceful` stop once it runs: the first signal drains, a
-second one stops at once."""
+starts, run on uvloop when it is installed (and say what it runs on: `Runtime`), and stop
+cleanly on SIGINT, SIGTERM and SIGHUP (what Ctrl-C, `timeout`, systemd, `docker stop` and a
+closed terminal send), exiting 0. A verb with requests in flight asks for a `graceful` stop
+once it runs: the first signal drains, a second one stops at once."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import importlib.metadata
+import platform
 import signal
 import socket
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -56,13 +59,48 @@ def return_freed_memory() -> None:
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (the `fast` extra): the proxy's cost is mostly per-chunk socket
-    writes, which uvloop's C transport does in a fraction of asyncio's time."""
+    """uvloop when installed (a dependency wherever it ships wheels: Linux and macOS on
+    CPython): the proxy's cost is mostly per-chunk socket writes, which uvloop's C transport
+    does in a fraction of asyncio's time."""
     try:
         import uvloop
     except ImportError:
         return None
     return uvloop.new_event_loop
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What the process runs on, as the start log and `specdec_runtime_info` say it: a slow
+    install (asyncio's own loop) shows on the sidecar's own page."""
+
+    event_loop: str  # "uvloop" or "asyncio"
+    event_loop_version: str
+    http_parser: str  # the proxy's request parser: httptools (llhttp)
+    http_parser_version: str
+    python: str
+
+    @classmethod
+    def current(cls) -> Runtime:
+        """The running loop's (outside one: the loop the verbs run on)."""
+        try:
+            fast = type(asyncio.get_running_loop()).__module__.split(".")[0] == "uvloop"
+        except RuntimeError:
+            fast = loop_factory() is not None
+        return cls(
+            "uvloop" if fast else "asyncio",
+            _version("uvloop") if fast else platform.python_version(),
+            "httptools",
+            _version("httptools"),
+            platform.python_version(),
+        )
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def run_until_stopped(

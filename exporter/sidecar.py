@@ -31,7 +31,7 @@ from exporter.export.proxy_collector import ProxyCollector
 from exporter.export.request_collector import RequestCollector
 from exporter.export.route_collector import RouteCollector
 from exporter.export.target_collector import TargetCollector
-from exporter.process import graceful, return_freed_memory, run_until_stopped
+from exporter.process import Runtime, graceful, return_freed_memory, run_until_stopped
 from exporter.proxy.forward import Proxy
 from exporter.proxy.settings import build as proxy_settings
 from exporter.scrape.target import Clock, Scraper, TargetState
@@ -58,6 +58,7 @@ class Sidecar:
         self.clock = clock
         self.faults = Faults()
         self.reloads = ReloadStatus()
+        self.runtime = Runtime.current()
         self.ready = False  # /-/ready: started and not draining
         self.proxy: Proxy | None = None
         if config.proxy is not None:
@@ -112,7 +113,7 @@ class Sidecar:
         register(TargetCollector(targets, self.clock, models))
         register(ModelCollector(models))
         ProcessCollector(namespace="specdec", registry=registry)
-        registry.register(LifecycleCollector(self.reloads, self.faults))
+        registry.register(LifecycleCollector(self.reloads, self.faults, self.runtime))
         if self.proxy is not None:
             accounting = self.proxy.accounting
             upstream = _proxied_engine(config)
@@ -276,12 +277,20 @@ async def run(config: Config, reload: Callable[[], Config] | None = None) -> int
         host, port = config.listen
         log.info("listening", url=f"http://{host}:{port}/metrics", targets=len(config.targets))
         if config.proxy is not None:
+            runtime = sidecar.runtime
             log.info(
                 "proxy listening",
                 listen=_address(config.proxy.listen),
                 upstream=config.proxy.upstream,
                 routes=list(config.proxy.route_names),
+                event_loop=f"{runtime.event_loop} {runtime.event_loop_version}",
+                http_parser=f"{runtime.http_parser} {runtime.http_parser_version}",
             )
+            if runtime.event_loop != "uvloop":
+                log.warning(
+                    "the proxy runs on asyncio's own event loop, uvloop is not installed: it "
+                    "costs several times the CPU per request (pip install uvloop)"
+                )
         stop = graceful(task, (signal.SIGINT, signal.SIGTERM))
         if reload is not None:
             asyncio.get_running_loop().add_signal_handler(

@@ -17,6 +17,7 @@ BOTH_LOOPS = {
     "test_hostile_upstream.py",
     "test_connection_burst.py",
     "test_connection_slots.py",
+    "test_runtime_info.py",
 }
 
 

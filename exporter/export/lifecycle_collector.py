@@ -1,5 +1,5 @@
-"""The sidecar's own life: the config reloads (Prometheus' names for them) and the internal
-errors that cost a figure but no byte (`core/faults.py`)."""
+"""The sidecar's own life: what it runs on, the config reloads (Prometheus' names for them)
+and the internal errors that cost a figure but no byte (`core/faults.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter.core.faults import Faults
 from exporter.export.collector import FamiliesCollector
+from exporter.process import Runtime
 
 
 @dataclass(slots=True)
@@ -28,11 +29,26 @@ class ReloadStatus:
 
 
 class LifecycleCollector(FamiliesCollector):
-    def __init__(self, reloads: ReloadStatus, faults: Faults) -> None:
+    def __init__(self, reloads: ReloadStatus, faults: Faults, runtime: Runtime) -> None:
         self.reloads = reloads
         self.faults = faults
+        self.runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
+        runtime = self.runtime
+        info = GaugeMetricFamily(
+            "specdec_runtime_info",
+            "What the sidecar runs on: the event loop (uvloop, or asyncio's own: a proxy that "
+            "costs several times the CPU), the proxy's HTTP request parser, Python.",
+            labels=["event_loop", "event_loop_version", "http_parser", "http_parser_version",
+                    "python"],
+        )  # fmt: skip
+        info.add_metric(
+            [runtime.event_loop, runtime.event_loop_version, runtime.http_parser,
+             runtime.http_parser_version, runtime.python],
+            1.0,
+        )  # fmt: skip
+        yield info
         yield GaugeMetricFamily(
             "specdec_config_last_reload_successful",
             "Whether the last config reload (SIGHUP) succeeded: 1, or 0 while a bad file is "

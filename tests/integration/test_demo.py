@@ -290,6 +290,10 @@ def test_the_quick_start_runs_verbatim_in_a_fresh_venv(tmp_path: Path) -> None:
                 return latest if len(latest) == 3 and set(latest.values()) == sample else None
 
             wait_for(like_the_readme, timeout=240, what="the demo's lines as the README shows")
+            # the install a newcomer gets is the fast one: its sidecar's page says so
+            page = http_get("http://127.0.0.1:10419/metrics")
+            runtime = next(ln for ln in page.splitlines() if ln.startswith("specdec_runtime_"))
+            assert 'event_loop="uvloop"' in runtime and 'http_parser="httptools"' in runtime
         finally:
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as the block says
             code = proc.wait(30)

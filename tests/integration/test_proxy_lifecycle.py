@@ -183,6 +183,7 @@ async def test_sigterm_lets_50_streams_complete_byte_for_byte_then_exits_0(tmp_p
         assert st == 200 and body == direct(tag), (tag, body[-200:])
     log = served.text()
     assert "draining" in log and "requests cut" not in log and "Traceback" not in log
+    assert '"event_loop": "uvloop ' in log and '"http_parser": "httptools ' in log  # the start
 
 
 async def _in_flight(session: aiohttp.ClientSession, served: Served, n: int) -> bool:
