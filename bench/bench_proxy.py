@@ -20,7 +20,12 @@ added TTFT p50 at c=1 within 0.3 ms of nginx's; at c=64 at most 2x nginx's; prox
 streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80 MB.
 
     python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--pin] [--serve-from DIR]
-                                [--json FILE] [--check]
+                                [--venv DIR] [--json FILE] [--check] [--record]
+
+The proxy runs on the interpreter of `--venv DIR` when given: the install a user gets, made
+there first (if DIR does not exist) with the README's own line (`python3 -m venv DIR`, then
+`pip install -e .`); else on this interpreter. The event loop and parser it ran on are read
+from its `specdec_runtime_info` and printed with the figures.
 
 By default nothing is pinned: on a 2-core machine the load generator, the simulator and the proxy
 share the cores, as they would on a small host; that contention is part of what c=64 measures.
@@ -58,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _run import REPO, SIDECAR_CONF, die_with_parent, free_port, guarded, revision
+from _run import REPO, SIDECAR_CONF, die_with_parent, free_port, guarded, record, revision
 from _stream_client import Pool, Sample
 
 from exporter.process import loop_factory
@@ -310,6 +315,34 @@ class Results:
     sanity: dict[str, Any] = field(default_factory=dict)
 
 
+def python(args: argparse.Namespace) -> str:
+    """The interpreter the proxy runs on: --venv's (made with the README's install line if it
+    does not exist yet), or this one."""
+    if args.venv is None:
+        return sys.executable
+    venv = Path(args.venv)
+    if not (venv / "bin" / "python").exists():
+        print(f"making {venv} with the README's install line (python3 -m venv; pip install -e .)")
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-e", str(REPO)]
+        subprocess.run(pip, check=True)
+    return str(venv / "bin" / "python")
+
+
+def runtime(metrics_url: str) -> str:
+    """What the proxy says it runs on (its `specdec_runtime_info`)."""
+    with _DIRECT.open(metrics_url, timeout=5.0) as resp:
+        page = resp.read().decode()
+    line = next((ln for ln in page.splitlines() if ln.startswith("specdec_runtime_info")), "")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    if not labels:
+        return "unknown (no specdec_runtime_info: a proxy older than the metric)"
+    return (
+        f"{labels['event_loop']} {labels['event_loop_version']}, "
+        f"{labels['http_parser']} {labels['http_parser_version']}, Python {labels['python']}"
+    )
+
+
 def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
     sim_port, proxy_port, metrics_port = free_port(), free_port(), free_port()
     sim = spawn(
@@ -373,7 +406,7 @@ def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
     proxy = spawn(
         "proxy",
         [
-            sys.executable,
+            python(args),
             "-m",
             "exporter",
             "serve",
@@ -834,6 +867,8 @@ def run(args: argparse.Namespace) -> int:
         tmp = Path(name)
         try:
             rig = start(tmp, args, children)
+            results.sanity["runtime"] = runtime(rig.metrics_url)
+            print(f"the proxy runs on {results.sanity['runtime']} ({python(args)})")
             if args.pin:
                 pin(rig)
             print(
@@ -850,7 +885,7 @@ def run(args: argparse.Namespace) -> int:
     goals, quiet_goals = report(results)
     ok = sanity(results)
     print(f"rounds took {results.sanity['rounds_seconds']:.0f} s")
-    if args.json:
+    if args.json or args.record:
         out = {
             "args": results.args,
             "rss": results.rss,
@@ -881,7 +916,10 @@ def run(args: argparse.Namespace) -> int:
                 if (s := summarise(results.segments, p, c)) is not None
             ],
         }
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        if args.record:
+            print("recorded:", record("bench_proxy", out))
     if not ok:
         return 1
     return 1 if args.check and any(m is False for _, m, _ in goals) else 0
@@ -908,7 +946,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run the proxy from this checkout (e.g. a git worktree of an older revision), "
         "the simulator and load from this one: before and after against the same simulator",
     )
+    parser.add_argument(
+        "--venv",
+        metavar="DIR",
+        help="run the proxy on this venv's interpreter, made with the README's install line "
+        "if it does not exist (the install a user gets)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--record", action="store_true", help="keep the figures in bench/results")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     return guarded("bench_proxy", run, parser.parse_args(argv))
 

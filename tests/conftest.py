@@ -18,6 +18,7 @@ BOTH_LOOPS = {
     "test_connection_burst.py",
     "test_connection_slots.py",
     "test_runtime_info.py",
+    "test_lingering_close.py",
 }
 
 

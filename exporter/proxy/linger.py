@@ -53,15 +53,19 @@ class Lingering(asyncio.Protocol):
 
     def take(self, transport: asyncio.BaseTransport) -> None:
         """Start lingering on `transport` (a new connection refused, or one handed over)."""
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if self._answer:
-            self._transport.write(self._answer)
-        self._transport.write_eof()  # after the bytes already buffered
-        if not self._transport.is_reading():
-            self._transport.resume_reading()
+        self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's: no subclass
         now = self._loop.time()
         self._last = self._unsent_since = now
         self._until = now + LONGEST
+        try:
+            if self._answer:
+                transport.write(self._answer)
+            transport.write_eof()  # after the bytes already buffered
+            if not transport.is_reading():
+                transport.resume_reading()
+        except OSError:  # the client reset it already: nothing to linger for
+            transport.abort()
+            return
         self._check()
 
     def abort(self) -> None:
