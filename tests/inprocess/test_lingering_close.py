@@ -109,3 +109,33 @@ async def test_a_lingering_close_is_bounded(
     assert answer.startswith(b"HTTP/1.1 400") and b"Connection: close" in answer
     bound = linger.LONGEST if keep_sending else linger.QUIET
     assert bound * 0.8 < held < bound + 0.5, held
+
+
+async def test_while_max_connections_sockets_linger_new_clients_wait_in_the_backlog() -> None:
+    """The sockets being closed are bounded too: with max_connections of them lingering the
+    proxy stops accepting, and a new client waits in the listen backlog (its request sent,
+    nothing lost) until one of them ends; then it is served."""
+    async with simulator() as (_, upstream), sidecar(upstream, max_connections=2) as rig:
+        side, proxy_url, _ = rig
+        port = int(proxy_url.rsplit(":", 1)[1])
+        proxy = side.proxy
+        assert proxy is not None
+        held = []
+        for _ in range(2):  # refused heads whose clients keep their sockets open and quiet
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"NOT HTTP\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 400")
+            held.append((reader, writer))
+        while len(proxy._lingering) < 2:
+            await asyncio.sleep(0.005)
+        assert proxy._listener._held  # accept() paused
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the backlog's
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        waiting = asyncio.create_task(reader.read())
+        await asyncio.sleep(0.2)  # a deadline for what must not happen: an answer while held
+        assert not waiting.done()
+        held[0][1].close()  # one lingering socket ends: accepting resumes
+        answer = await asyncio.wait_for(waiting, 10)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        writer.close()
+        held[1][1].close()
