@@ -256,12 +256,12 @@ def readme_sample_shapes() -> set[str]:
     return {shape(ln) for ln in lines if REPORT.match(ln)}
 
 
-@pytest.mark.timeout(1800)  # the venv, the demo, then the fast tier inside the clone
+@pytest.mark.timeout(1200)  # the venv, the demo, then the test extras and a collection
 def test_the_quick_start_runs_verbatim_in_a_fresh_venv(tmp_path: Path) -> None:
     """The block on a PEP 668 system Python: a bare environment (system PATH, an empty HOME, no
     virtualenv), the block's own venv and pip install, then `specdec demo` printing lines shaped
     as the README's sample. `<this repo>` is the only substitution (this checkout's commits).
-    Then the Tests section's block, as it says: in the quick start's venv and directory."""
+    Then the Tests section's block in the quick start's venv and directory, collecting."""
     for port in (8000, 8001, 10419):  # the demo's defaults, as a newcomer runs it
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy"
@@ -301,13 +301,17 @@ def test_the_quick_start_runs_verbatim_in_a_fresh_venv(tmp_path: Path) -> None:
     assert code == 0, text[-3000:]
     assert (tmp_path / "specdec" / ".venv" / "bin" / "specdec").is_file()  # the block's own venv
     assert "Traceback" not in text and "externally-managed" not in text
+    # the Tests block as it says, but collecting instead of running: the fast tier itself runs
+    # in this same CI (run twice it cost minutes and showed nothing more); what only this can
+    # show is that the block installs the test extras and every test imports in a fresh venv
     tests = subprocess.run(
         ["bash", "-e", "-c", ". .venv/bin/activate\n" + bash_block("Tests")],
         cwd=tmp_path / "specdec",
-        env=env,
+        env={**env, "PYTEST_ADDOPTS": "--collect-only"},
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=900,
     )
     assert tests.returncode == 0, (tests.stdout + tests.stderr)[-3000:]
-    assert re.search(r"\d+ passed", tests.stdout) and " failed" not in tests.stdout, tests.stdout
+    collected = re.search(r"(\d+) tests collected in", tests.stdout)  # no "errors" among them
+    assert collected and int(collected.group(1)) > 900, tests.stdout[-3000:]
