@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from exporter.core.counts import Counts, ratios
+from exporter.core.fieldwise import Fieldwise
 from exporter.core.schedule import Schedule, draft_length_at
 from exporter.core.stats import Interval
 
@@ -33,7 +34,7 @@ SHORTEST_SHARE = 0.2
 
 
 @dataclass(frozen=True, slots=True)
-class Decode:
+class Decode(Fieldwise):
     """Streamed requests' tokens after their first and the seconds those took (first to last
     token); where the engine counted them per request, the decode steps that made them and the
     draft tokens proposed in those steps; and, where their prompt's length is known, their
@@ -46,12 +47,6 @@ class Decode:
     draft_tokens: float = 0.0
     context_seconds: float = 0.0
     context_weight: float = 0.0
-
-    def __add__(self, other: Decode) -> Decode:
-        return Decode(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
-    def __sub__(self, other: Decode) -> Decode:
-        return Decode(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
     @property
     def rate(self) -> float | None:
@@ -82,7 +77,7 @@ def decode_steps(tokens: float, accepted: float, verify_steps: float | None = No
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(Fieldwise):
     """Running requests integrated over time: b dt and b^2 dt. Their ratio is the batch a
     running request sees on average (idle time weighs nothing): the batch the route's decode
     steps ran at, which is what a step-time curve is read at. Where the model has a curve,
@@ -94,12 +89,6 @@ class Batch:
     batch_request_seconds: float = 0.0
     plain_step_seconds: float = 0.0
     verify_step_seconds: float = 0.0
-
-    def __add__(self, other: Batch) -> Batch:
-        return Batch(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
-    def __sub__(self, other: Batch) -> Batch:
-        return Batch(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
     @classmethod
     def held(cls, running: float, seconds: float, curve: StepCurve | None) -> Batch:

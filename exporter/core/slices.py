@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from exporter.core.fieldwise import Fieldwise
 
 TEMPERATURE, OUTPUT, PROMPT_TOKENS = "temperature", "output", "prompt_tokens"
 BANDS: dict[str, tuple[str, ...]] = {
@@ -92,7 +94,7 @@ def slices(bands: tuple[str, str], prompt_tokens: int | None) -> Slices:
 
 
 @dataclass(frozen=True, slots=True)
-class SliceCounts:
+class SliceCounts(Fieldwise):
     """One band's exact requests: their draft and accepted tokens, how many, their
     completion tokens (draft tokens per completion token: how much of it speculation drafted)."""
 
@@ -100,12 +102,6 @@ class SliceCounts:
     accepted: float = 0.0
     requests: float = 0.0
     completion_tokens: float = 0.0
-
-    def __add__(self, other: SliceCounts) -> SliceCounts:
-        return SliceCounts(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
-    def __sub__(self, other: SliceCounts) -> SliceCounts:
-        return SliceCounts(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
 
 def change_parts(

@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from exporter.core.fieldwise import Fieldwise
+
 MIN_EFFECTIVE_REQUESTS = 3.0  # below: no interval (its own spread is too noisy to use)
 LOW_CONFIDENCE_REQUESTS = 30  # below: an interval is shown, marked "low confidence"
 Z_975 = 1.959963984540054
@@ -65,7 +67,7 @@ class Interval:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestMoments:
+class RequestMoments(Fieldwise):
     """Sums over the requests that proposed at least one draft token: m, A, T, the second
     moments S_aa, S_tt, S_at and S_ttt. Monotonic and additive, so windows are differences."""
 
@@ -91,12 +93,6 @@ class RequestMoments:
             self.draft_tokens_cubed + draft_tokens**3,
         )
 
-    def __add__(self, other: RequestMoments) -> RequestMoments:
-        return _combined(self, other, 1.0)
-
-    def __sub__(self, other: RequestMoments) -> RequestMoments:
-        return _combined(self, other, -1.0)
-
     @property
     def effective_requests(self) -> float:
         """T^2 / S_tt: how many requests of equal length would weigh as these do."""
@@ -120,11 +116,3 @@ class RequestMoments:
             return None
         se = math.sqrt(max(0.0, residual) / kept) / total
         return Interval(p, se, t_975(n_eff - 1) * se, n_eff)
-
-
-_SUMS = ("requests", "accepted", "draft_tokens", "accepted_squared", "draft_tokens_squared",
-         "accepted_times_draft_tokens", "draft_tokens_cubed")  # fmt: skip
-
-
-def _combined(a: RequestMoments, b: RequestMoments, sign: float) -> RequestMoments:
-    return RequestMoments(*(getattr(a, f) + sign * getattr(b, f) for f in _SUMS))
