@@ -1,5 +1,5 @@
 """Build the Grafana dashboards: JSON next to the sources, a check for CI, PNG previews.
-The command line is `specdec dashboards` (exporter/cli/generate.py).
+The command line is `specdec dashboards` (dashboards/cli.py).
 
 The preview needs matplotlib (optional). It lays each panel out in its gridPos and plots its
 queries' live results with the dashboard variables substituted (`$job` and the other

@@ -1,13 +1,15 @@
-"""`specdec <verb>`: the command line, one module per verb. Each verb's --help explains every
-flag."""
+"""`specdec <verb>`: the command line, one module per verb, and the verbs other packages of
+the distribution register under the `specdec.verbs` entry point (`specdec rules` and `specdec
+dashboards`, from dashboards/cli.py). Each verb's --help explains every flag."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 
 from exporter import __version__
-from exporter.cli.common import EXIT_INTERRUPTED, EXIT_USAGE
+from exporter.verbs import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +37,7 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from exporter.cli import advise, demo, derive, generate, measure, serve, sim
+    from exporter.cli import advise, demo, derive, measure, serve, sim
 
     parser = argparse.ArgumentParser(
         prog="specdec",
@@ -43,8 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb in (serve, derive, sim, demo, generate, measure, advise):
+    for verb in (serve, derive, sim, demo, measure, advise):
         verb.register(verbs.add_parser)
+    for entry in importlib.metadata.entry_points(group="specdec.verbs"):
+        entry.load()(verbs.add_parser)
     for name, sub in verbs.choices.items():
         sub.set_defaults(parser=sub, verb=name)
     return parser

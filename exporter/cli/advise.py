@@ -22,13 +22,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.core.payoff import (
     best_draft_length,
     linear_costs,
     speedups_by_draft_length,
 )
 from exporter.core.schedule import BadSchedule, Schedule
+from exporter.verbs import EXIT_USAGE, AddVerb
 
 EXIT_NO_DATA = 1
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -1,17 +1,10 @@
-"""What every verb module shares."""
+"""What the verb modules under exporter/cli/ share (what every verb is: exporter/verbs.py)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TypeAlias
 
 from exporter.core.durations import parse_seconds
-
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
-# what each verb module's register() gets: the `add_parser` of `specdec <verb>`'s subparsers
-AddVerb: TypeAlias = Callable[..., argparse.ArgumentParser]
 
 
 def duration(text: str) -> float:

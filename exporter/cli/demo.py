@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.core.schedule import BadSchedule, Schedule
 from exporter.process import AddressInUse, check_free
+from exporter.verbs import EXIT_USAGE, AddVerb
 
 
 def register(add_verb: AddVerb) -> None:

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.engines import DEFAULT_KIND, KINDS
 from exporter.scrape.families import families
+from exporter.verbs import EXIT_USAGE, AddVerb
 
 EXIT_NO_DATA = 1  # a page without spec-decode counters
 

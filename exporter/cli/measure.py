@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporter.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, AddVerb
 from exporter.engines import DEFAULT, KINDS, engine
 from exporter.engines.base import Engine
 from exporter.measure.curve import REPLICATES, measure_curve
@@ -39,6 +38,7 @@ from exporter.measure.runner import (
     measure,
 )
 from exporter.measure.scenarios import Scenario, ScenarioError, builtin, load_file
+from exporter.verbs import EXIT_INTERRUPTED, EXIT_USAGE, AddVerb
 
 EXIT_FAILED = 1
 DEFAULT_CONTEXT_TOKENS = 512

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, AddVerb, duration
+from exporter.cli.common import duration
 from exporter.config import (
     DEFAULT_INTERVAL,
     DEFAULT_LISTEN,
@@ -19,6 +19,7 @@ from exporter.config import (
 )
 from exporter.config.nodes import Reader
 from exporter.process import AddressInUse, check_free
+from exporter.verbs import EXIT_USAGE, AddVerb
 
 
 def register(add_verb: AddVerb) -> None:

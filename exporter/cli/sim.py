@@ -8,11 +8,11 @@ import sys
 from typing import Any
 
 from exporter import logs
-from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.config import ConfigError, from_flags
 from exporter.core.schedule import BadSchedule, Schedule
 from exporter.engines import DEFAULT_KIND, KINDS
 from exporter.process import AddressInUse, check_free, run_until_stopped
+from exporter.verbs import EXIT_USAGE, AddVerb
 
 
 def register(add_verb: AddVerb) -> None:

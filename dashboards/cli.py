@@ -1,4 +1,7 @@
-"""`specdec rules` and `specdec dashboards`: the generated Prometheus rules and Grafana JSON."""
+"""`specdec rules` and `specdec dashboards`: the generated Prometheus rules and Grafana JSON.
+
+A plugin of the command line, found through the `specdec.verbs` entry point (pyproject.toml):
+the product package never imports the dashboards, which build on its config and queries."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporter.cli.common import EXIT_USAGE, AddVerb
 from exporter.core.durations import parse_duration
+from exporter.verbs import EXIT_USAGE, AddVerb
 
 EXIT_STALE = 1
 CONFIG_HELP = (
