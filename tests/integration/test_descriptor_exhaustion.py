@@ -73,6 +73,8 @@ proxy:
     ):
         found = Limited(proxy, metrics, serve, log)
         wait_for(found.page, what="the sidecar")
+        # the two start side by side: on a busy machine the proxy can be up before its upstream
+        wait_for(lambda: http_get(f"http://127.0.0.1:{sim}/health") is not None, what="the sim")
         yield found
 
 
