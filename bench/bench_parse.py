@@ -1,10 +1,11 @@
 """What one scrape of a vLLM page costs the sidecar, against prometheus_client's parser.
 
-Ours: `read_page` + `RunningTotals.feed` + `History.record` + the increase and
-ratios of every window (1m, 5m, 15m, per engine and summed over engines) -- everything the
-sidecar does with a page, done per scrape here (the sidecar itself derives the ratios when it
-is scraped). The history is first filled with 15 minutes of 1 s scrapes, so the windows run in
-their steady state. The reference: `list(text_string_to_metric_families(page))`, a parse only.
+Ours: `read_page` + `RunningTotals.feed` + `History.record` + the increase and figures of
+every window (1m, 5m, 15m, per rank and summed over ranks: `scrape.figures.read_span`) --
+everything the sidecar does with a page, done per scrape here (the sidecar itself derives the
+figures when it is scraped). The history is first filled with 15 minutes of 1 s scrapes, so the
+windows run in their steady state. The reference: `list(text_string_to_metric_families(page))`,
+a parse only.
 
 Both run in the same process on the same pages (the fixture with its spec-decode counters
 advancing between scrapes, cycling through --pages variants), in interleaved rounds of timeit
@@ -29,9 +30,9 @@ from pathlib import Path
 from _pages import PAGE_1ENGINE, PAGE_4ENGINE, CounterPage
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.counts import Counts, ratios, total
 from exporter.core.windows import DEFAULT_WINDOWS, History
-from exporter.scrape.families import SeriesKey, families, read_page
+from exporter.scrape.families import families, read_page
+from exporter.scrape.figures import read_span
 from exporter.scrape.totals import RunningTotals
 
 GOAL_PAGE = PAGE_4ENGINE.name
@@ -58,17 +59,7 @@ def one_scrape() -> Callable[[str], object]:
         now = float(next(clock))
         store.feed(read_page(text, fams))
         history.record(now, store.snapshot())
-        derived = []
-        for window in history.windows:
-            increases = history.increase(window, now)
-            by_model: dict[str, list[Counts]] = {}
-            for key, counts in increases.items():
-                by_model.setdefault(key[0], []).append(counts)
-                derived.append((key, window.label, ratios(counts)))
-            for model_name, items in by_model.items():
-                key: SeriesKey = (model_name, "all")
-                derived.append((key, window.label, ratios(total(items))))
-        return derived
+        return [read_span(history.increase(window, now)) for window in history.windows]
 
     return scrape
 

@@ -163,7 +163,7 @@ def proxied(reads: list[bytes], tokens: int) -> Setup:
             conn.data_received(data)
 
     def accounted() -> int:  # streams that ended well: a 200 accounted to its route
-        requests = proxy.accounting.requests.items()
+        requests = proxy.accounting.read(loop.time()).requests.items()
         return sum(n for (_, _, status, _), n in requests if status == "200")
 
     return stream, out, accounted

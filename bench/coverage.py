@@ -58,7 +58,8 @@ def one_window(requests_: tuple[np.ndarray, ...]) -> tuple[dict[str, float], str
         for sample in family.samples:
             if sample.labels.get("window") == "1m":
                 found[sample.name] = sample.value
-    return found, route_line(acc, "r", 60.0)
+    # the line reads the snapshot a scrape formats, partial as the demo reads it, no batch
+    return found, route_line(acc.read(60.0, lambda _: {}, partial=True).windows[0], "r", None)
 
 
 def cell(rng: np.random.Generator, mean: float, c: float, n: int, windows: int) -> dict[str, float]:

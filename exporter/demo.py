@@ -23,7 +23,7 @@ from typing import TypeVar
 import aiohttp
 from aiohttp import web
 
-from exporter.accounting.ledger import Accounting
+from exporter.accounting.snapshot import WindowReading
 from exporter.config import (
     DEFAULT_KIND,
     Config,
@@ -33,8 +33,7 @@ from exporter.config import (
     StepTimePoint,
     Target,
 )
-from exporter.core.counts import ratios, total
-from exporter.core.payoff import Speedups
+from exporter.core.payoff import Speedups, StepCurve
 from exporter.core.reading import read_route
 from exporter.core.schedule import Schedule
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
@@ -138,30 +137,30 @@ async def _traffic(
             await asyncio.sleep(1.0)
 
 
-def route_line(acc: Accounting, route: str, now: float, running: float | None = None) -> str:
-    """The route over the last window, or the part of it the sidecar has seen (the proxy's
-    accounting, read as the collectors read it: `core.reading.read_route`): the exact
-    acceptance with its 95 % interval when the window holds enough requests (marked below
-    LOW_CONFIDENCE_REQUESTS), else the estimate, said so; tokens per step, decode rate, the
-    speedup at the engine's mean batch `running` (the sidecar's estimate; the measured one
-    beside it only when the two differ by more than 5 %, with why), requests."""
-    window = acc.history.windows[0]
-    span = _span(acc.history.span(window, now))
-    batch = {} if running is None else {MODEL: running}
-    seen = acc.route_windows(window, now, batch, partial=True).get((route, MODEL))
-    config = acc.models.get(MODEL)
-    curve = None if config is None else config.curve
-    reading = None if seen is None else read_route(seen, curve, own_positions=True)
-    if seen is None or reading is None or reading.acceptance is None:
+def route_line(
+    seen: WindowReading, route: str, curve: StepCurve | None, running: float | None = None
+) -> str:
+    """The route over the last window, or the part of it the sidecar has seen (a snapshot of
+    the proxy's accounting read partial, each route read as the collectors read it:
+    `core.reading.read_route`): the exact acceptance with its 95 % interval when the window
+    holds enough requests (marked below LOW_CONFIDENCE_REQUESTS), else the estimate, said so;
+    tokens per step, decode rate, the speedup at the engine's mean batch `running` (the
+    sidecar's estimate; the measured one beside it only when the two differ by more than 5 %,
+    with why), requests."""
+    span = _span(seen.covered)
+    route_window = seen.routes.get((route, MODEL))
+    reading = None if route_window is None else read_route(route_window, curve, own_positions=True)
+    if route_window is None or reading is None or reading.acceptance is None:
         return f"{route:<13} no completed requests in the last {span}"
-    moments, interval = seen.moments, reading.interval
+    moments, interval = route_window.moments, reading.interval
     if interval is not None:
         figure = f"{100 * interval.estimate:5.1f}% ±{100 * interval.halfwidth:4.1f}"
     elif moments.requests:
         figure = f"{100 * moments.accepted / moments.draft_tokens:5.1f}%      "
     else:
         figure = f"{100 * reading.acceptance:5.1f}% (est.)"
-    rate = f"{seen.decoded.rate:6.1f}" if seen.decoded.rate else "     -"
+    decoded = route_window.decoded
+    rate = f"{decoded.rate:6.1f}" if decoded.rate else "     -"
     note = "" if moments.requests >= LOW_CONFIDENCE_REQUESTS else "  (low confidence)"
     return (
         f"{route:<13} acceptance {figure} over {span} (proxy)  tokens/step "
@@ -213,16 +212,15 @@ def schedule_line(schedule: Schedule, running: float | None, steps: Steps, befor
     )
 
 
-def engine_line(sidecar: Sidecar) -> str:
-    state, now = sidecar.targets[0], time.monotonic()
-    window = state.history.windows[0]
-    span = _span(state.history.span(window, now))
-    r = ratios(total(list(state.history.increase(window, now, partial=True).values())))
-    if r.acceptance is None or r.mean_acceptance_length is None:
+def engine_line(acceptance: float | None, tokens_per_step: float | None, covered: float) -> str:
+    """The engine over the last window (the part of it the sidecar has seen: `covered`
+    seconds), as the target's snapshot reads it (`scrape.figures`: every series summed)."""
+    span = _span(covered)
+    if acceptance is None or tokens_per_step is None:
         return f"{'engine':<13} no drafts in the last {span} yet"
     return (
-        f"{'engine':<13} acceptance {100 * r.acceptance:5.1f}%       over {span} "
-        f"(vLLM)   tokens/step {r.mean_acceptance_length:.2f}"
+        f"{'engine':<13} acceptance {100 * acceptance:5.1f}%       over {span} "
+        f"(vLLM)   tokens/step {tokens_per_step:.2f}"
     )
 
 
@@ -271,6 +269,7 @@ async def _report(
     )
     failures = [0]
     proxy = f"{base}:{opts.proxy_port}"
+    curve = sidecar.wiring.models[MODEL].curve
     async with aiohttp.ClientSession() as session:
         tasks = [
             asyncio.create_task(
@@ -289,17 +288,20 @@ async def _report(
                     break
                 assert sidecar.proxy is not None
                 now = time.monotonic()
-                state = sidecar.targets[0]
-                running = state.mean_running(state.history.windows[0], now, partial=True)
-                acc = sidecar.proxy.accounting
+                # one reading of the engine and one of the routes, partial, as a scrape's
+                target = sidecar.targets[0].read(now, partial=True)
+                acc = sidecar.proxy.accounting.read(now, target.running, partial=True)
+                last = target.windows[0]
+                running = last.running.get(MODEL)
                 for load in WORKLOADS:
-                    print(route_line(acc, load.name, now, running.get(MODEL)))
+                    print(route_line(acc.windows[0], load.name, curve, running))
                 if opts.schedule is not None:
                     steps = dict(acc.steps_by_length)
-                    print(schedule_line(opts.schedule, running.get(MODEL), steps, seen))
+                    print(schedule_line(opts.schedule, running, steps, seen))
                     seen = steps
+                work = last.work.total
                 print(
-                    engine_line(sidecar)
+                    engine_line(work.acceptance, work.mean_acceptance_length, last.covered)
                     + (f"  failed requests {failures[0]}" if failures[0] else ""),
                     flush=True,
                 )

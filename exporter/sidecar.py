@@ -116,8 +116,8 @@ class Sidecar:
         registry.register(LifecycleCollector(self.reloads, self.faults, self.runtime))
         if self.proxy is not None:
             accounting = self.proxy.accounting
-            upstream = _proxied_engine(config)
-            register(RouteCollector(accounting, models, fronted, upstream, self.clock))
+            proxied = _proxied_engine(config)
+            register(RouteCollector(accounting, models, fronted, proxied, self.clock))
             register(ProxyCollector(self.proxy))
             register(RequestCollector(accounting, self.clock))
         return Wiring(config, targets, models, fronted, registry)

@@ -207,7 +207,7 @@ class Accounting:
         elif req.completion_tokens:
             self.apportioner.tokens_only(key, req.completion_tokens)
 
-    def decoded(
+    def _decoded(
         self, window: Window, now: float, partial: bool = False
     ) -> dict[RouteKey, tuple[Decode, Decode]]:
         """Per route over the window: the streamed requests' decode, and the part of it whose
@@ -218,16 +218,16 @@ class Accounting:
             out[(route, model)] = (every + d, exact + d if source == "exact" else exact)
         return out
 
-    def route_windows(
+    def _route_windows(
         self, window: Window, now: float, running: Mapping[str, float], partial: bool = False
     ) -> dict[RouteKey, RouteWindow]:
         """Every route's counts over the window, read at once (`core.reading.read_route` makes
         its figures of them): its counts, decode, exact requests' moments and its engine's
         load (`running`: the engine's batch per model)."""
         routes = self.history.increase(window, now, partial)
-        decoded = self.decoded(window, now, partial)
+        decoded = self._decoded(window, now, partial)
         moments = self.moments_history.increase(window, now, partial)
-        loads = self.load(window, now, running, partial)
+        loads = self._load(window, now, running, partial)
         out = {}
         for key, counts in routes.items():
             every, exact = decoded.get(key, (Decode(), Decode()))
@@ -240,7 +240,7 @@ class Accounting:
             )
         return out
 
-    def load(
+    def _load(
         self, window: Window, now: float, running: Mapping[str, float], partial: bool = False
     ) -> dict[str, Load]:
         """Per model over the window, what its engine ran as every route's requests show it:
@@ -335,18 +335,28 @@ class Accounting:
         return {k: self.exact.get(k, Counts()) + self.estimated.get(k, Counts()) for k in keys}
 
     def read(
-        self, now: float, running: Callable[[Window], Mapping[str, float]] | None = None
+        self,
+        now: float,
+        running: Callable[[Window], Mapping[str, float]] | None = None,
+        partial: bool = False,
     ) -> Snapshot:
         """Everything a scrape shows, at `now`, as one immutable reading; `running`: the
         engine's mean batch per model over a window (the fronted target's), for the routes'
         load; None: a reader that formats no route's window (the request-level view), whose
-        windows then hold no routes (they cost a scrape most of its time)."""
+        windows then hold no routes (they cost a scrape most of its time). `partial`: windows
+        the history does not cover yet read over what it covers (the demo's lines; a scrape's
+        never are)."""
         windows = tuple(
             WindowReading(
                 window,
-                _fixed({} if running is None else self.route_windows(window, now, running(window))),
-                total(list(self.engine_history.increase(window, now).values())),
-                _fixed(self.moments_history.increase(window, now)),
+                self.history.span(window, now),
+                _fixed(
+                    {}
+                    if running is None
+                    else self._route_windows(window, now, running(window), partial)
+                ),
+                total(list(self.engine_history.increase(window, now, partial).values())),
+                _fixed(self.moments_history.increase(window, now, partial)),
             )
             for window in self.history.windows
         )

@@ -45,6 +45,7 @@ class WindowReading:
     apportioned it, and the exact requests' moments per route."""
 
     window: Window
+    covered: float  # seconds of it the history covers (the window's length once full)
     routes: Mapping[RouteKey, RouteWindow]  # empty where the reader asked for no batch
     engine: Counts
     moments: Mapping[RouteKey, RequestMoments]

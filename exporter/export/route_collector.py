@@ -18,22 +18,25 @@ from exporter.config import ModelConfig
 from exporter.core.counts import total
 from exporter.core.reading import RouteReading, read_route
 from exporter.core.slices import SliceCounts, change_parts
+from exporter.core.windows import Window
 from exporter.engines.base import Role, ScrapeHooks
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
+from exporter.scrape.snapshot import TargetSnapshot
 from exporter.scrape.target import TargetState
 
 
 class RouteCollector(FamiliesCollector):
     """The routes' figures from the proxy's accounting; the fronted target (the engine the
-    routes share) gives the batch their payoff is computed at and the coverage's whole; the
-    upstream's engine says whether a route's per-position counts are its own."""
+    routes share), read once per scrape, gives the batch their payoff is computed at and the
+    coverage's whole; the proxied engine says whether a route's per-position counts are its
+    own."""
 
     def __init__(
         self,
         accounting: Accounting,
         models: dict[str, ModelConfig],
         target: TargetState | None,
-        upstream: ScrapeHooks,
+        engine: ScrapeHooks,
         clock: Callable[[], float],
     ) -> None:
         self.accounting = accounting
@@ -42,18 +45,17 @@ class RouteCollector(FamiliesCollector):
         self.clock = clock
         # whether the routes' per-position counts are their requests' own (vLLM, SGLang), or
         # the engine's apportioned (llama.cpp): then each route's profile is modelled
-        self._own_positions = Role.PER_POSITION in upstream.exact_per_request
+        self._own_positions = Role.PER_POSITION in engine.exact_per_request
 
     def collect(self) -> Iterator[Metric]:
-        now, target = self.clock(), self.target
-        acc = self.accounting.read(
-            now, lambda window: {} if target is None else target.mean_running(window, now)
-        )
+        now = self.clock()
+        target = None if self.target is None else self.target.read(now)
+        acc = self.accounting.read(now, _no_batch if target is None else target.running)
         yield from self._requests(acc)
         yield from self._spec_counts(acc)
         yield from self._decode(acc)
         yield from self._histograms(acc)
-        yield from self._windows(acc)
+        yield from self._windows(acc, target)
         yield from self._slices(acc)
 
     def _requests(self, acc: Snapshot) -> Iterator[Metric]:
@@ -198,7 +200,7 @@ class RouteCollector(FamiliesCollector):
                 family.add_metric(list(key), histogram.cumulative(), histogram.sum)
             yield family
 
-    def _windows(self, acc: Snapshot) -> Iterator[Metric]:
+    def _windows(self, acc: Snapshot, target: TargetSnapshot | None) -> Iterator[Metric]:
         f = _window_families()
         for per_window in acc.windows:
             window, routes = per_window.window, per_window.routes
@@ -212,10 +214,10 @@ class RouteCollector(FamiliesCollector):
                 if reading.tokens_per_step is not None:
                     f.length.add_metric(series, reading.tokens_per_step)
                 _add_payoff(f, series, reading)
-            if self.target is not None and per_window.engine.drafts:
+            if target is not None and per_window.engine.drafts:
                 routed = total([seen.counts for seen in routes.values()])
                 f.coverage.add_metric(
-                    [self.target.target.name, window.label],
+                    [target.name, window.label],
                     (routed.drafts or 0.0) / per_window.engine.drafts,
                 )
         yield from f
@@ -248,6 +250,10 @@ class RouteCollector(FamiliesCollector):
             for part, value in (parts or {}).items():
                 change.add_metric([*series, part], value)
         yield change
+
+
+def _no_batch(_: Window) -> Mapping[str, float]:
+    return {}
 
 
 _SLICE_COUNTERS = (

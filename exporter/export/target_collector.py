@@ -1,5 +1,6 @@
-"""The targets' families, built fresh from their state on each scrape of the sidecar, so series
-of a vanished target or series disappear with it."""
+"""The targets' families, built fresh on each scrape of the sidecar from one reading of each
+target (`TargetState.read`: an immutable `TargetSnapshot`), so series of a vanished target or
+series disappear with it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter import __version__
 from exporter.config import ModelConfig
-from exporter.core.counts import Counts, ratios, total
 from exporter.engines.base import RUNNING
 from exporter.export.collector import FamiliesCollector
+from exporter.scrape.snapshot import TargetSnapshot
 from exporter.scrape.target import TargetState
 
 ERROR_REASONS = ("timeout", "connection", "http_status", "protocol", "too_large", "no_spec_metrics")
-ALL_ENGINES = "all"  # the `engine` label of gauges derived from the sum over a model's engines
 
-SERIES = ["target", "model_name", "engine"]
+SERIES = ["target", "model_name", "engine"]  # `engine`: the series' rank, as the engine labels it
 
 
 class TargetCollector(FamiliesCollector):
@@ -32,12 +32,14 @@ class TargetCollector(FamiliesCollector):
         self.models = models or {}  # by model_name: a schedule gives the scheduled draft length
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._health()
-        yield from self._counters()
-        yield from self._windows()
-        yield from self._reported()
+        now = self.clock()
+        targets = [state.read(now) for state in self.targets]
+        yield from self._health(targets)
+        yield from self._counters(targets)
+        yield from self._windows(targets)
+        yield from self._reported(targets)
 
-    def _health(self) -> Iterator[Metric]:
+    def _health(self, targets: list[TargetSnapshot]) -> Iterator[Metric]:
         info = GaugeMetricFamily("specdec_build_info", "specdec version.", labels=["version"])
         info.add_metric([__version__], 1.0)
         up = GaugeMetricFamily(
@@ -60,18 +62,18 @@ class TargetCollector(FamiliesCollector):
             "Spec-decode sample lines that did not parse and were skipped.",
             labels=["target"],
         )
-        for state in self.targets:
-            name = state.target.name
-            if state.up is not None:
-                up.add_metric([name], 1.0 if state.up else 0.0)
-            if state.last_duration is not None:
-                duration.add_metric([name], state.last_duration)
+        for target in targets:
+            name = target.name
+            if target.up is not None:
+                up.add_metric([name], 1.0 if target.up else 0.0)
+            if target.last_duration is not None:
+                duration.add_metric([name], target.last_duration)
             for reason in ERROR_REASONS:
-                errors.add_metric([name, reason], float(state.errors[reason]))
-            bad.add_metric([name], float(state.bad_lines))
+                errors.add_metric([name, reason], float(target.errors.get(reason, 0)))
+            bad.add_metric([name], float(target.bad_lines))
         yield from (info, up, duration, errors, bad)
 
-    def _counters(self) -> Iterator[Metric]:
+    def _counters(self, targets: list[TargetSnapshot]) -> Iterator[Metric]:
         def family(name: str, doc: str, position: bool = False) -> CounterMetricFamily:
             return CounterMetricFamily(
                 name, doc, labels=SERIES + (["position"] if position else [])
@@ -96,9 +98,9 @@ class TargetCollector(FamiliesCollector):
             "Tokens generated, for an engine that counts no draft or accepted tokens (SGLang): "
             "its tokens per verify step are rate(this) / rate(specdec_drafts_total).",
         )
-        for state in self.targets:
-            for (model_name, engine), totals in state.store.series.items():
-                labels = [state.target.name, model_name, engine]
+        for target in targets:
+            for (model_name, rank), totals in target.series.items():
+                labels = [target.name, model_name, rank]
                 counts = totals.counts
                 if counts.drafts is not None:
                     drafts.add_metric(labels, counts.drafts)
@@ -117,7 +119,7 @@ class TargetCollector(FamiliesCollector):
         if generated.samples:
             yield generated
 
-    def _reported(self) -> Iterator[Metric]:
+    def _reported(self, targets: list[TargetSnapshot]) -> Iterator[Metric]:
         """The engines' own gauges, as they report them (only families some engine fills)."""
         length = GaugeMetricFamily(
             "specdec_engine_reported_acceptance_length",
@@ -171,16 +173,16 @@ class TargetCollector(FamiliesCollector):
             "Only for a model with a schedule.",
             labels=SERIES,
         )
-        for state in self.targets:
-            for (model_name, engine), batch in sorted(state.batch.items()):
-                labels = [state.target.name, model_name, engine]
+        for target in targets:
+            for (model_name, rank), batch in sorted(target.batch.items()):
+                labels = [target.name, model_name, rank]
                 busy.add_metric(labels, batch.request_seconds)
                 crowded.add_metric(labels, batch.batch_request_seconds)
-                if model_name in state.curves:
+                if model_name in target.curved:
                     plain.add_metric(labels, batch.plain_step_seconds)
                     verify.add_metric(labels, batch.verify_step_seconds)
-            for (model_name, engine), values in state.gauges.items():
-                labels = [state.target.name, model_name, engine]
+            for (model_name, rank), values in target.gauges.items():
+                labels = [target.name, model_name, rank]
                 if "acceptance_length" in values:
                     length.add_metric(labels, values["acceptance_length"])
                 if "acceptance_rate" in values:
@@ -189,12 +191,12 @@ class TargetCollector(FamiliesCollector):
                     running.add_metric(labels, values[RUNNING])
                     model = self.models.get(model_name)
                     if model is not None and model.draft_length_schedule is not None:
-                        k = model.scheduled_draft_length(values[RUNNING])
-                        scheduled.add_metric(labels, float(k))
+                        draft_length = model.scheduled_draft_length(values[RUNNING])
+                        scheduled.add_metric(labels, float(draft_length))
         families = (length, rate, running, busy, crowded, plain, verify, scheduled)
         yield from (f for f in families if f.samples)
 
-    def _windows(self) -> Iterator[Metric]:
+    def _windows(self, targets: list[TargetSnapshot]) -> Iterator[Metric]:
         labels = [*SERIES, "window"]
         acceptance = GaugeMetricFamily(
             "specdec_acceptance_ratio",
@@ -213,29 +215,15 @@ class TargetCollector(FamiliesCollector):
             "Share of verify steps that accepted more than `position` drafts over the window.",
             labels=[*labels, "position"],
         )
-        now = self.clock()
-        for state in self.targets:
-            for window in state.history.windows:
-                increases = state.history.increase(window, now)
-                for (model_name, engine), counts in _with_engine_sums(increases):
-                    derived = ratios(counts)
-                    series = [state.target.name, model_name, engine, window.label]
-                    if derived.acceptance is not None:
-                        acceptance.add_metric(series, derived.acceptance)
-                    if derived.mean_acceptance_length is not None:
-                        length.add_metric(series, derived.mean_acceptance_length)
-                    for i, ratio in enumerate(derived.per_position or ()):
+        for target in targets:
+            for per_window in target.windows:
+                span, label = per_window.work, per_window.window.label
+                for figures in (*span.series, *span.by_model):
+                    series = [target.name, figures.model_name, figures.rank, label]
+                    if figures.acceptance is not None:
+                        acceptance.add_metric(series, figures.acceptance)
+                    if figures.mean_acceptance_length is not None:
+                        length.add_metric(series, figures.mean_acceptance_length)
+                    for i, ratio in enumerate(figures.per_position or ()):
                         position.add_metric([*series, str(i)], ratio)
         yield from (acceptance, length, position)
-
-
-def _with_engine_sums(
-    increases: dict[tuple[str, str], Counts],
-) -> Iterator[tuple[tuple[str, str], Counts]]:
-    """Each series, then per model_name the sum over its engines under engine="all"."""
-    by_model: dict[str, list[Counts]] = {}
-    for key, counts in increases.items():
-        by_model.setdefault(key[0], []).append(counts)
-        yield key, counts
-    for model_name, items in by_model.items():
-        yield (model_name, ALL_ENGINES), total(items)

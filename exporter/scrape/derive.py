@@ -1,5 +1,6 @@
 """`specdec derive BEFORE.prom AFTER.prom`: the offline /metrics delta the published
-measurement used, per (model_name, engine) and in total, with vLLM's definitions."""
+measurement used, per (model_name, rank) and in total, with vLLM's definitions. What the delta
+means is `scrape.figures`', the sidecar's live windows' too; here it is formatted."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.core.counts import Counts, ratios, total
+from exporter.core.counts import Counts
 from exporter.core.table import aligned
 from exporter.scrape.families import EngineFamilies, RawSeries, SeriesKey, read_page
+from exporter.scrape.figures import Figures, read_span
 from exporter.scrape.totals import RunningTotals
 
 
@@ -52,40 +54,35 @@ def _same_start(before: RawSeries, after: RawSeries) -> bool:
 
 def report(deltas: dict[SeriesKey, Counts]) -> dict[str, Any]:
     """The `--json` document: {"series": [...], "total": {...}}."""
-    series = [
-        {"model_name": model, "engine": engine, **_figures(c)}
-        for (model, engine), c in deltas.items()
-    ]
+    span = read_span(deltas)
+    series = [{"model_name": f.model_name, "engine": f.rank, **_figures(f)} for f in span.series]
     # the issue's contract: "total" has the series' keys except engine, so model_name too (the
     # one model's name; null when the series span several models)
     models = {model for model, _ in deltas}
     model_name = next(iter(models)) if len(models) == 1 else None
-    return {
-        "series": series,
-        "total": {"model_name": model_name, **_figures(total(list(deltas.values())))},
-    }
+    return {"series": series, "total": {"model_name": model_name, **_figures(span.total)}}
 
 
-def _figures(c: Counts) -> dict[str, Any]:
-    r = ratios(c)
+def _figures(f: Figures) -> dict[str, Any]:
+    c = f.counts
     return {
         "drafts": c.drafts,
         "draft_tokens": c.draft_tokens,  # None: the engine counts none (SGLang)
         "accepted_tokens": c.accepted,
-        "acceptance_rate": r.acceptance,
-        "mean_acceptance_length": r.mean_acceptance_length,
-        "per_position": _per_position(c),
+        "acceptance_rate": f.acceptance,
+        "mean_acceptance_length": f.mean_acceptance_length,
+        "per_position": _per_position(f),
     }
 
 
-def _per_position(c: Counts) -> list[float | None] | None:
+def _per_position(f: Figures) -> list[float | None] | None:
     """k ratios; k nulls when there were no drafts to divide by (a consumer can still index
     it); null for an engine that counts no verify steps (TensorRT-LLM) or no accepted tokens
     (SGLang)."""
+    c = f.counts
     if c.drafts is None or c.accepted is None:
         return None
-    r = ratios(c)
-    return [None] * len(c.per_position) if r.per_position is None else list(r.per_position)
+    return [None] * len(c.per_position) if f.per_position is None else list(f.per_position)
 
 
 def to_json(doc: dict[str, Any]) -> str:

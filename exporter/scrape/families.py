@@ -1,5 +1,5 @@
 """A /metrics page read for one engine's speculative-decoding series (`engines/`: which
-families, and how a series of them reads as Counts), grouped by (model_name, engine), with its
+families, and how a series of them reads as Counts), grouped by (model_name, rank), with its
 bad lines counted. The engine's own gauges (acceptance length, the batch) ride along as gauges.
 """
 
@@ -21,7 +21,8 @@ def families(kind: str, prefix: str | None = None) -> EngineFamilies:
 
 
 SeriesKey = tuple[str, str]
-"""(model_name, engine) — the labels vLLM puts on its spec-decode counters."""
+"""(model_name, rank): the labels vLLM puts on its spec-decode counters. The rank is the value
+of the engine's own `engine` label (its data-parallel rank), passed through: not an `Engine`."""
 
 MAX_POSITIONS = 32  # k beyond this is not a real deployment: treat as garbage, bound cardinality
 MAX_SERIES = 64  # per target page, for the same reason
@@ -45,7 +46,7 @@ class Page:
 
 
 def read_page(text: str, fams: EngineFamilies, model: str = "") -> Page:
-    """Group the page's samples of `fams` by (model_name, engine); bad samples are counted.
+    """Group the page's samples of `fams` by (model_name, rank); bad samples are counted.
     `model`: the model_name of samples without one (an engine serving one model unlabelled)."""
     found = scan(text, (fams.lead, *(g for g, _ in fams.gauges if not g.startswith(fams.lead))))
     grouped = _Grouped(fams, found.bad_lines)

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import aiohttp
 
@@ -21,6 +22,8 @@ from exporter.core.windows import History, Window
 from exporter.engines import engine
 from exporter.engines.base import RUNNING, EngineFamilies, ScrapeHooks
 from exporter.scrape.families import SeriesKey, read_page
+from exporter.scrape.figures import read_span
+from exporter.scrape.snapshot import SeriesSums, TargetSnapshot, TargetWindow
 from exporter.scrape.totals import RunningTotals
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
@@ -80,19 +83,52 @@ class TargetState:
         new._last_page_at = self._last_page_at
         return new
 
-    def mean_running(self, window: Window, now: float, partial: bool = False) -> dict[str, float]:
+    def _mean_running(self, window: Window, now: float, partial: bool = False) -> dict[str, float]:
         """Per model_name, the batch its running requests saw over the window (each page's
         running requests held until the next page; weighed by requests, so idle time does not
-        count), the mean over its engines."""
-        per_engine: dict[str, list[float]] = {}
+        count), the mean over its ranks."""
+        per_rank: dict[str, list[float]] = {}
         for (model, _), batch in self.batch_history.increase(window, now, partial).items():
             if batch.seen is not None:
-                per_engine.setdefault(model, []).append(batch.seen)
-        return {model: sum(seen) / len(seen) for model, seen in per_engine.items()}
+                per_rank.setdefault(model, []).append(batch.seen)
+        return {model: sum(seen) / len(seen) for model, seen in per_rank.items()}
+
+    def read(self, now: float, partial: bool = False) -> TargetSnapshot:
+        """Everything a scrape shows of the target at `now`, as one immutable reading
+        (`partial`: windows the history does not cover yet read over what it covers, as the
+        demo shows them; a scrape's never are)."""
+        windows = tuple(
+            TargetWindow(
+                window,
+                self.history.span(window, now),
+                read_span(self.history.increase(window, now, partial)),
+                MappingProxyType(self._mean_running(window, now, partial)),
+            )
+            for window in self.history.windows
+        )
+        return TargetSnapshot(
+            name=self.target.name,
+            up=self.up,
+            last_duration=self.last_duration,
+            errors=MappingProxyType(dict(self.errors)),
+            bad_lines=self.bad_lines,
+            series=MappingProxyType(
+                {
+                    key: SeriesSums(totals.counts, totals.rejected, totals.restarts)
+                    for key, totals in self.store.series.items()
+                }
+            ),
+            batch=MappingProxyType(dict(self.batch)),
+            gauges=MappingProxyType(
+                {key: MappingProxyType(dict(values)) for key, values in self.gauges.items()}
+            ),
+            curved=frozenset(self.curves),
+            windows=windows,
+        )
 
     def work_by_model(self) -> dict[str, Counts]:
         """The engine's work per model_name since the sidecar first saw it, summed over its
-        engines: what the proxy's accounting apportions to routes."""
+        ranks: what the proxy's accounting apportions to routes."""
         by_model: dict[str, list[Counts]] = {}
         for (model, _), totals in self.store.series.items():
             by_model.setdefault(model, []).append(totals.since_first_sight)
@@ -156,8 +192,8 @@ class Scraper:
         finally:
             state.last_duration = time.perf_counter() - started
         self._status("up", None)
-        for model_name, engine_id in restarted:
-            self.log.warning("engine restart detected", model_name=model_name, engine=engine_id)
+        for model_name, rank in restarted:
+            self.log.warning("engine restart detected", model_name=model_name, engine=rank)
 
     async def fetch(self) -> str:
         target = self.state.target
