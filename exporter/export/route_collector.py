@@ -49,7 +49,7 @@ class RouteCollector(FamiliesCollector):
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
-        target = None if self.target is None else self.target.read(now)
+        target = None if self.target is None else self.target.read(now, work=False)
         acc = self.accounting.read(now, _no_batch if target is None else target.running)
         yield from self._requests(acc)
         yield from self._spec_counts(acc)

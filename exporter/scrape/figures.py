@@ -54,3 +54,6 @@ def read_span(work: Mapping[SeriesKey, Counts]) -> Span:
         tuple(figures(total(items), model, ALL_RANKS) for model, items in by_model.items()),
         figures(total(list(work.values()))),
     )
+
+
+NO_WORK = read_span({})  # the work of a window whose reader asked for its batch only

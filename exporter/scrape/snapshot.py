@@ -31,7 +31,7 @@ class TargetWindow:
 
     window: Window
     covered: float  # seconds of it the history covers (the window's length once full)
-    work: Span  # the engine's work over it and its figures (`scrape.figures`)
+    work: Span  # the engine's work over it and its figures (`scrape.figures`); NO_WORK: unasked
     running: Mapping[str, float]  # per model_name, the mean batch its running requests saw
 
 

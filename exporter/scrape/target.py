@@ -22,7 +22,7 @@ from exporter.core.windows import History, Window
 from exporter.engines import engine
 from exporter.engines.base import RUNNING, EngineFamilies, ScrapeHooks
 from exporter.scrape.families import SeriesKey, read_page
-from exporter.scrape.figures import read_span
+from exporter.scrape.figures import NO_WORK, read_span
 from exporter.scrape.snapshot import SeriesSums, TargetSnapshot, TargetWindow
 from exporter.scrape.totals import RunningTotals
 
@@ -93,15 +93,16 @@ class TargetState:
                 per_rank.setdefault(model, []).append(batch.seen)
         return {model: sum(seen) / len(seen) for model, seen in per_rank.items()}
 
-    def read(self, now: float, partial: bool = False) -> TargetSnapshot:
+    def read(self, now: float, partial: bool = False, work: bool = True) -> TargetSnapshot:
         """Everything a scrape shows of the target at `now`, as one immutable reading
         (`partial`: windows the history does not cover yet read over what it covers, as the
-        demo shows them; a scrape's never are)."""
+        demo shows them; a scrape's never are). `work=False`: a reader that takes only the
+        batch (the route collector), whose windows then hold no work (`Span()`)."""
         windows = tuple(
             TargetWindow(
                 window,
                 self.history.span(window, now),
-                read_span(self.history.increase(window, now, partial)),
+                read_span(self.history.increase(window, now, partial)) if work else NO_WORK,
                 MappingProxyType(self._mean_running(window, now, partial)),
             )
             for window in self.history.windows
