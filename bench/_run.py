@@ -72,22 +72,58 @@ def revision(repo: Path) -> str:
     return f"{head or 'unknown'}{' (exporter/ modified)' if dirty else ''}"
 
 
-def record(bench: str, figures: dict[str, Any], into: Path = RESULTS) -> Path:
+def record(
+    bench: str, figures: dict[str, Any], notes: str | None = None, into: Path = RESULTS
+) -> Path:
     """Keep one run's figures as data: bench/results/<bench>-<UTC time>-<commit>.json, with
-    the commit, the command line and the machine beside them."""
+    the commit, the command line and the machine beside them (`python3 bench/render.py` makes
+    the tables of them)."""
     now = datetime.datetime.now(datetime.UTC)
     commit = revision(REPO)
     into.mkdir(parents=True, exist_ok=True)
     path = into / f"{bench}-{now:%Y%m%dT%H%M%SZ}-{commit.split()[0]}.json"
-    run = {
+    run: dict[str, Any] = {
         "bench": bench,
         "commit": commit,
         "command": " ".join(["python3", *sys.argv]),
         "started_utc": now.isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
+        "figures": figures,
     }
-    path.write_text(json.dumps({**run, "figures": figures}, indent=1) + "\n")
+    if notes:
+        run["notes"] = notes
+    path.write_text(json.dumps(run, indent=1) + "\n")
     return path
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPUs, interpreter, kernel, and how busy it was."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def add_outputs(parser: argparse.ArgumentParser, json_file: bool = True) -> None:
+    """The flags that keep a bench's figures: --json FILE (just the figures) and --record (a
+    result file in bench/results/, with commit, command and machine)."""
+    if json_file:
+        parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="keep the figures in bench/results/ with the commit, command and machine",
+    )
+
+
+def keep(args: argparse.Namespace, bench: str, figures: dict[str, Any]) -> None:
+    """Write what `add_outputs`' flags asked for."""
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    if getattr(args, "record", False):
+        print("recorded:", record(bench, figures))
 
 
 TICKS = os.sysconf("SC_CLK_TCK")

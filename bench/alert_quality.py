@@ -18,7 +18,7 @@ reading the recording rules one evaluation old); (c) the same day at c = 5 (a wi
 at half-time from 30/70 to 70/30 (0.73 -> 0.57, a real 22 % change); (f) quiet routes (1.5 and
 0.5 a minute) falling to 0.10: how fast, if at all.
 
-    python bench/alert_quality.py [--hours 24] [--keep DIR] [--rules DIR]
+    python bench/alert_quality.py [--hours 24] [--keep DIR] [--rules DIR] [--record]
 
 Runtime ~4-5 minutes on 2 cores (promtool evaluates every rule 5,760 times per 24 h run).
 """
@@ -32,9 +32,12 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _run import add_outputs, keep  # noqa: E402
 
 from harness.alert_traffic import (  # noqa: E402
     RULES,
@@ -105,6 +108,7 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=24.0, help="length of the steady runs")
     parser.add_argument("--keep", type=Path, help="also write the promtool test files here")
     parser.add_argument("--rules", type=Path, help="rule files to measure instead of the shipped")
+    add_outputs(parser)
     args = parser.parse_args()
     rules = sorted(args.rules.resolve().glob("*.yml")) if args.rules else RULES
     promtool = shutil.which("promtool")
@@ -137,6 +141,7 @@ def main() -> int:
         return None if first is None else first - step_at[route]
 
     ok = True
+    figures: dict[str, Any] = {"rules": str(args.rules) if args.rules else "as shipped"}
     for scenario in runs:  # not vacuous: every route's data went through the rules
         for route in scenario.routes:
             if route.name not in got.get("min_now", {}) and route.per_minute >= 1:
@@ -150,6 +155,8 @@ def main() -> int:
             delays = [delay(f"step_{name(rate)}_s{s}{suffix}") for s in SEEDS]
             fired = [d for d in delays if d is not None]
             shown = ", ".join("never" if d is None else f"{d:.0f}" for d in delays)
+            kind = "step_fired_after_s" + ("_live_worst" if suffix else "")
+            figures.setdefault(kind, {})[f"{rate:g}/min"] = shown
             verdict = (
                 "" if suffix else ("  ok" if len(fired) == 3 and max(fired) <= goal else "  MISSED")
             )
@@ -161,6 +168,7 @@ def main() -> int:
     print(f"\n(b) {args.hours:g} h steady at 0.71, c = 15: firing evaluations per route")
     for rate in RATES:
         n = firings(f"c15_{name(rate)}")
+        figures.setdefault("steady_c15_firings", {})[f"{rate:g}/min"] = n
         print(f"      {rate:>4g} requests/min: {n:.0f}" + ("" if n == 0 else "  FALSE FIRINGS"))
         ok = ok and n == 0
     for title, prefix, rates in (
@@ -179,10 +187,12 @@ def main() -> int:
         print(f"\n{title}")
         for rate in rates:
             n = firings(f"{prefix}_{name(rate)}")
+            figures.setdefault(f"{prefix}_firings", {})[f"{rate:g}/min"] = n
             print(f"      {rate:>4g} requests/min: {n:.0f} firing evaluations")
     print("\n(f) for information: quiet routes falling 0.71 -> 0.10")
     for rate in (1.5, 0.5):
         d = delay(f"fall_{name(rate)}")
+        figures.setdefault("quiet_fall_fired_after_s", {})[f"{rate:g}/min"] = d
         print(
             f"      {rate:>4g} requests/min: "
             + ("never fired" if d is None else f"fired after {d:.0f} s")
@@ -193,6 +203,7 @@ def main() -> int:
     if all_steps:
         print(f"\nall ideal-alignment steps: median {statistics.median(all_steps):.0f} s")
     print("\nall goals met" if ok else "\nGOAL MISSED")
+    keep(args, "alert_quality", {**figures, "goals_met": ok})
     return 0 if ok else 1
 
 

@@ -6,9 +6,10 @@ them and the route collector reading its batch, as `serve` wires them.
 
 The reference is another checkout of the project (`--reference DIR`, e.g. a `git worktree` of an
 earlier commit), run in its own interpreter alternately with this one, --rounds times each: the
-ratio this / reference is the figure (docs/BENCHMARKS.md §15).
+ratio this / reference is the figure (docs/BENCHMARKS.md §5).
 
     python bench/bench_collect.py --reference /tmp/before [--rounds 3] [--scrapes 50] [--target]
+                                  [--record]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _run import REPO, add_outputs, keep
 
 
 def engine_page(models: list[str], i: int) -> str:
@@ -120,6 +121,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--target", action="store_true", help="a fronted target and its collector too")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    add_outputs(ap)
     args = ap.parse_args()
     if args.child is not None:
         ms = one(args.child, args.routes, args.models, args.requests, args.scrapes, args.target)
@@ -141,6 +143,13 @@ def main() -> int:
         print(f"{side:9} ms per scrape: " + ", ".join(f"{v:.2f}" for v in values))
     ratio = statistics.median(figures["this"]) / statistics.median(figures["reference"])
     print(f"this / reference (medians): x{ratio:.3f}")
+    keep(args, "bench_collect", {
+        "reference": str(args.reference),
+        "ms_per_scrape": figures,
+        "this_over_reference": round(ratio, 4),
+        "routes": args.routes, "models": args.models, "requests": args.requests,
+        "target": args.target,
+    })  # fmt: skip
     return 0
 
 

@@ -11,7 +11,7 @@
    alternated (LF, CRLF, LF, CRLF, ...): CPU seconds of the serve process per stream, and the
    ratio CRLF / LF (goal: <= 2).
 
-    python bench/bench_memory.py [--rounds 3] [--json FILE] [--check]
+    python bench/bench_memory.py [--rounds 3] [--json FILE] [--record] [--check]
 """
 
 from __future__ import annotations
@@ -28,7 +28,17 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _run import SIDECAR_CONF, free_port, guarded, proc_stats, spawn, stop, wait_http
+from _run import (
+    SIDECAR_CONF,
+    add_outputs,
+    free_port,
+    guarded,
+    keep,
+    proc_stats,
+    spawn,
+    stop,
+    wait_http,
+)
 
 MIB = 1 << 20
 MAX_BODY = 16 * MIB
@@ -283,8 +293,7 @@ def run(args: argparse.Namespace) -> int:
           f"{figures['whole_after_over_baseline']:.3f} x baseline")  # fmt: skip
     print(f"{STREAM_MIB} MiB stream, CPU of serve: LF {figures['lf_cpu_s']:.2f} s, CRLF "
           f"{figures['crlf_cpu_s']:.2f} s: CRLF / LF = {figures['crlf_over_lf']:.2f}")  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    keep(args, "bench_memory", figures)
     missed = []
     if figures["peak_mib"] > figures["bound_mib"]:
         missed.append("peak RSS above the budget formula")
@@ -300,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="LF/CRLF alternations (3)")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    add_outputs(parser)
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     return guarded("bench_memory", run, parser.parse_args(argv))
 

@@ -12,7 +12,7 @@ advancing between scrapes, cycling through --pages variants), in interleaved rou
 repeats. Reported: the median time per page and the ratio reference / ours (higher is better;
 the goal is >= 10 on the 4-engine page).
 
-    python bench/bench_parse.py [--rounds 7] [--repeat 3] [--check-ratio 10]
+    python bench/bench_parse.py [--rounds 7] [--repeat 3] [--check-ratio 10] [--record]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _pages import PAGE_1ENGINE, PAGE_4ENGINE, CounterPage
+from _run import add_outputs, keep
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core.windows import DEFAULT_WINDOWS, History
@@ -116,6 +117,20 @@ def bench_page(path: Path, variants: int, rounds: int, repeat: int) -> dict[str,
     }
 
 
+def figures(res: dict[str, object]) -> dict[str, object]:
+    """One page's row as kept: microseconds per page, medians."""
+    med = res["median"]
+    assert isinstance(med, dict)
+    return {
+        "page": res["page"],
+        "series": res["series"],
+        "ours_us": round(med["ours"] * 1e6, 1),
+        "read_page_us": round(med["parse"] * 1e6, 1),
+        "reference_us": round(med["reference"] * 1e6, 1),
+        "ratio": res["ratio"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
@@ -134,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="X",
         help=f"exit 1 when the ratio on {GOAL_PAGE} is below X (for humans; CI does not time)",
     )
+    add_outputs(parser)
     args = parser.parse_args(argv)
     print(
         f"python {sys.version.split()[0]}, gc {'on' if gc.isenabled() else 'off'} "
@@ -166,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = goal["ratio"]
     assert isinstance(ratio, float)
     print(f"ratio = reference / ours; the goal is >= 10x on {GOAL_PAGE}: {ratio:.1f}x")
+    keep(args, "bench_parse", {"pages": [figures(r) for r in results], "goal_ratio": ratio})
     if args.check_ratio is not None and ratio < args.check_ratio:
         print(f"FAIL: {ratio:.1f}x is below --check-ratio {args.check_ratio:g}", file=sys.stderr)
         return 1

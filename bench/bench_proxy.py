@@ -39,7 +39,8 @@ quiet rounds only. At c=64 a sampler also records how often the simulator shared
 with another runnable process of the benchmark ("crowded"): the scheduler sometimes packs the
 simulator and the process it talks to onto one CPU for seconds while the other is half idle, and
 such a round is slow for reasons that are not the proxy's cost (reported per round, not used to
-judge). Results and their reading: bench/results_proxy.md.
+judge). The reading and the latest figures: docs/BENCHMARKS.md §3; every recorded run:
+`python3 bench/render.py --bench bench_proxy --all --notes`.
 """
 
 from __future__ import annotations
@@ -63,7 +64,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _run import REPO, SIDECAR_CONF, die_with_parent, free_port, guarded, record, revision
+from _run import (
+    REPO,
+    SIDECAR_CONF,
+    add_outputs,
+    die_with_parent,
+    free_port,
+    guarded,
+    keep,
+    revision,
+)
 from _stream_client import Pool, Sample
 
 from exporter.process import loop_factory
@@ -916,10 +926,7 @@ def run(args: argparse.Namespace) -> int:
                 if (s := summarise(results.segments, p, c)) is not None
             ],
         }
-        if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        if args.record:
-            print("recorded:", record("bench_proxy", out))
+        keep(args, "bench_proxy", out)
     if not ok:
         return 1
     return 1 if args.check and any(m is False for _, m, _ in goals) else 0
@@ -952,8 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run the proxy on this venv's interpreter, made with the README's install line "
         "if it does not exist (the install a user gets)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    parser.add_argument("--record", action="store_true", help="keep the figures in bench/results")
+    add_outputs(parser)
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     return guarded("bench_proxy", run, parser.parse_args(argv))
 

@@ -2,7 +2,7 @@
 """The proxy's Python per streamed request, in process: warm, and on a cold cache.
 
 Why: on a small host the proxy's CPU per stream is mostly the interpreter waiting on memory at
-each wake-up (bench/results_proxy.md, runs L2-M2), and bench_proxy.py's TTFT moves by
+each wake-up (docs/BENCHMARKS.md §3-4), and bench_proxy.py's TTFT moves by
 milliseconds between rounds. Here the real proxy (config, routing, `stream_options` injection,
 SSE tap, accounting) relays a stream recorded from the simulator through fake transports, so a
 change to its Python can be judged in seconds. "Cold" writes --thrash-kb of memory before the
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _run import free_port, guarded
+from _run import add_outputs, free_port, guarded, keep
 from aiohttp import web
 
 from exporter import config
@@ -230,7 +230,7 @@ async def main(args: argparse.Namespace) -> int:
     recorded = await record(args.tokens)
     cache = Cache(args.thrash_kb)
 
-    results: dict[str, Any] = {"reads": {}, "us_per_stream": {}}
+    results: dict[str, Any] = {"reads": {}, "us_per_stream": {}, "per_stream": []}
     print(
         f"stream: {len(recorded) - 1} chunks of {args.tokens} tokens; n={args.n} x {args.repeats}"
     )
@@ -254,12 +254,17 @@ async def main(args: argparse.Namespace) -> int:
             results["us_per_stream"][f"{name}/{k}"] = {"warm": w * 1e6, "cold": c * 1e6}
             print(f"{k:>11} {name:<9} {w * 1e6:8.1f} {c * 1e6:8.1f}")
         (rw, rc), (pw, pc) = rows["reference"], rows["proxy"]
+        results["per_stream"].append({
+            "events_per_read": k,
+            "reference_warm_us": round(rw * 1e6, 1), "reference_cold_us": round(rc * 1e6, 1),
+            "proxy_warm_us": round(pw * 1e6, 1), "proxy_cold_us": round(pc * 1e6, 1),
+            "warm_ratio": round(pw / rw, 2), "cold_ratio": round(pc / rc, 2),
+        })  # fmt: skip
         print(
             f"{k:>11} proxy / reference: warm {pw / rw:5.1f}x, cold {pc / rc:5.1f}x;"
             f" proxy cold / warm {pc / pw:4.1f}x"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    keep(args, "bench_relay", results)
     return 0
 
 
@@ -276,7 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="memory written before each read when cold (8192: the cold figure at 3 events per"
         " read then matches the live proxy's user CPU per c=64 stream on a 2-core VM)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    add_outputs(parser)
     return parser.parse_args(argv)
 
 

@@ -9,7 +9,7 @@ percentage of one core, and RSS. The same-run reference is an idle Python proces
 imported aiohttp and prometheus_client and sleeps in asyncio: the difference is what scraping
 and serving cost. Goal: <= 1 % of one core at a 1 s interval.
 
-    python bench/bench_sidecar_cpu.py [--seconds 60] [--warmup 5] [--no-gzip]
+    python bench/bench_sidecar_cpu.py [--seconds 60] [--warmup 5] [--no-gzip] [--record]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from _pages import PAGE_1ENGINE, CounterPage
-from _run import die_with_parent, free_port, guarded
+from _run import add_outputs, die_with_parent, free_port, guarded, keep
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -270,6 +270,20 @@ def measure(
     )
     verdict = "met" if side <= 1.0 else "NOT met"
     print(f"goal: <= 1 % of one core at a 1 s interval: {side:.2f} % -> {verdict}")
+    s0, s1 = cpu0[sidecar.pid], cpu1[sidecar.pid]
+    figures = {
+        "seconds": round(wall, 1),
+        "gzip": not args.no_gzip,
+        "warmup_s": args.warmup,
+        "target_scrapes": requests,
+        "sidecar_cpu_s": round(s1.cpu_seconds - s0.cpu_seconds, 2),
+        "sidecar_pct_of_one_core": round(side, 3),
+        "idle_reference_pct": round(ref, 3),
+        "rss_mib": round(s1.rss_kib / 1024, 1),
+        "peak_rss_mib": round(s1.peak_rss_kib / 1024, 1),
+        "real_work": ok_work,
+    }
+    keep(args, "bench_sidecar_cpu", figures)
     return 0 if ok_work else 1
 
 
@@ -285,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-gzip", action="store_true", help="serve the page uncompressed even when accepted"
     )
+    add_outputs(parser)
     return guarded("bench_sidecar_cpu", run, parser.parse_args(argv))
 
 

@@ -7,7 +7,7 @@ the files in the order entered (consecutive calls in one file collapsed), the ho
 them, the distinct files, and the returns into a file already left (a back-and-forth that
 a reader has to follow).
 
-    python bench/config_path.py [--repo DIR]    # DIR: a checkout to trace (default: this one)
+    python bench/config_path.py [--repo DIR] [--record]  # DIR: a checkout (default: this one)
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+from _run import add_outputs, keep
 
 TRACER = textwrap.dedent(
     """
@@ -102,12 +104,14 @@ def collapsed(files: list[str]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    add_outputs(ap)
     args = ap.parse_args()
     files = trace(args.repo.resolve())
     if not files:
         print("no calls recorded (did serve start?)", file=sys.stderr)
         return 1
     cut = files.index("SIGHUP") if "SIGHUP" in files else len(files)
+    figures = {}
     for part, calls in (("start", files[:cut]), ("reload", files[cut + 1 :])):
         path = collapsed(calls)
         seen: set[str] = set()
@@ -118,6 +122,8 @@ def main() -> int:
         print(f"{part}: " + " -> ".join(path))
         print(f"  hops {max(len(path) - 1, 0)}, files {len(seen)}, returns into a file already "
               f"left {returns}")  # fmt: skip
+        figures[part] = {"hops": max(len(path) - 1, 0), "files": len(seen), "returns": returns}
+    keep(args, "config_path", figures)
     return 0
 
 

@@ -12,21 +12,19 @@ Cells: mean 0.36 and 0.71, c 2, 5, 15, 50, n 3, 5, 10, 30, 100, 300, `--windows`
 the share of windows that show an interval, and how often it covers the truth (goal 93-97 %
 wherever one is shown), for the gauge and the line; mean(SE) / sd(estimate) too.
 
-    python bench/coverage.py [--windows 2000] [--json FILE] [--check]
+    python bench/coverage.py [--windows 2000] [--json FILE] [--record] [--check]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-from _run import guarded
+from _run import add_outputs, guarded, keep
 from _traffic import draw
 
 from exporter.accounting.ledger import Accounting, RequestOutcome
@@ -109,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
     print(f"{len(cells)} cells x {args.windows} windows in {time.monotonic() - started:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(cells, indent=2) + "\n")
+    keep(args, "coverage", {"cells": cells})
     missed = [
         f"mean {g['mean']} c {g['c']:g} n {g['n']}: {g[key]:.1%}"
         for g in cells
@@ -126,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--windows", type=int, default=2000, help="windows per cell (2000)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    add_outputs(parser)
     parser.add_argument("--check", action="store_true", help="exit 1 outside 93-97 %%")
     return guarded("coverage", run, parser.parse_args(argv))
 

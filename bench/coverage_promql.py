@@ -9,7 +9,7 @@ interval (`...acceptance_ci_halfwidth:rate1m`), how many of those cover the rout
 constant input series), and the mean squared SE against the mean squared error of the
 estimate. Nothing here re-implements the rules.
 
-    python bench/coverage_promql.py [--minutes 2000] [--json FILE] [--check]
+    python bench/coverage_promql.py [--minutes 2000] [--json FILE] [--record] [--check]
 
 Runtime: ~N minutes on 2 cores at the default (promtool evaluates every rule every 15 s).
 """
@@ -17,7 +17,6 @@ Runtime: ~N minutes on 2 cores at the default (promtool evaluates every rule eve
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from _run import guarded
+from _run import add_outputs, guarded, keep
 from _traffic import draw
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,8 +179,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{mean:4.2f} {c:5g} {f['rate']:7g} {f['phase']:6d} {shown:13.0f}"
                   f"  {cover:6.1%}  {ratio:6.2f}")  # fmt: skip
     print(f"{len(cells)} cells in {time.monotonic() - started:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(cells, indent=2) + "\n")
+    keep(args, "coverage_promql", {"cells": cells})
     missed = [g for g in cells if g["shown"] and not 0.93 <= g["coverage"] <= 0.97]
     for g in missed:
         print(f"outside 93-97 %: mean {g['mean']} c {g['c']:g} n {g['rate']} phase {g['phase']}:"
@@ -193,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=int, default=2000, help="simulated minutes (2000)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    add_outputs(parser)
     parser.add_argument("--check", action="store_true", help="exit 1 outside 93-97 %%")
     return guarded("coverage_promql", run, parser.parse_args(argv))
 

@@ -5,7 +5,7 @@ its phases; a load-aware speedup calibrated minutes earlier, only as right as th
 and now. Printed: loop rounds per slice (min, median, max), and for consecutive phases of
 `--phase` seconds the ratio of their mean speeds (what an alternated A/B's rounds inherit).
 
-    python bench/cpu_steadiness.py [--seconds 120] [--phase 30] [--slice 0.5]
+    python bench/cpu_steadiness.py [--seconds 120] [--phase 30] [--slice 0.5] [--record]
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import argparse
 import itertools
 import statistics
 import time
+
+from _run import add_outputs, keep
 
 
 def rounds_in(seconds: float) -> int:
@@ -31,6 +33,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--phase", type=float, default=30.0)
     ap.add_argument("--slice", type=float, default=0.5)
+    add_outputs(ap)
     args = ap.parse_args()
     slices = [rounds_in(args.slice) for _ in range(int(args.seconds / args.slice))]
     lo, mid, hi = min(slices), statistics.median(slices), max(slices)
@@ -46,6 +49,14 @@ def main() -> int:
             + " ".join(f"{s:.3f}" for s in steps)
             + f" (largest change {max(abs(s - 1) for s in steps):.1%})"
         )
+    keep(args, "cpu_steadiness", {
+        "slice_s": args.slice,
+        "rounds_per_slice": {"min": lo, "median": mid, "max": hi},
+        "slice_max_over_min": round(hi / lo, 3),
+        "phase_s": args.phase,
+        "phase_over_previous": [round(s, 4) for s in steps],
+        "largest_phase_change": round(max((abs(s - 1) for s in steps), default=0.0), 4),
+    })  # fmt: skip
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The payoff at load on a real GPU engine: llama.cpp's server built with CUDA, a memory-bound
 7-8B random-weight target and a small draft, two routes of different acceptance sharing one
-speculative server (docs/BENCHMARKS.md §11 has the figures and the exact commands).
+speculative server (docs/BENCHMARKS.md §11: what it measures and the standing figures; every
+recorded run with its commands and notes: bench/results/gpu_payoff-*.json).
 
 1. build   llama-server with CUDA from the llama-cpp-python sdist, patched so a request brings
            its own synthetic acceptance and draft length (bench/gpu/build.py), or --server BIN;
@@ -24,7 +25,8 @@ speculative server (docs/BENCHMARKS.md §11 has the figures and the exact comman
            alone (--sweep-mix).
 
 Everything lands in --out (results.json after each step, the sidecar's pages, logs) and one
-table is printed. `--cpu` runs the same logic on CI's tiny model with a CPU build (no GPU).
+table is printed (`--record` keeps it in bench/results/). `--cpu` runs the same logic on CI's
+tiny model with a CPU build (no GPU).
 
     python bench/gpu_payoff.py --out /tmp/gpu-bench                     # all of it (~20 min)
     python bench/gpu_payoff.py --server build/bin/llama-server --steps ab --out OUT
@@ -48,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._run import free_port
+from bench._run import add_outputs, free_port, keep
 from bench.gpu import build as builder
 from bench.gpu import product, split
 from bench.gpu import sweep as sweeping
@@ -351,6 +353,7 @@ def main() -> int:
     Launch.add_flags(ap)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--cpu", action="store_true", help="CPU build, CI's tiny model: the logic only")
+    add_outputs(ap, json_file=False)
     args = ap.parse_args()
     steps = set(args.steps.split(","))
     if not steps <= set(STEPS):
@@ -398,6 +401,7 @@ def main() -> int:
             text = report(run.data)
             (args.out / "table.txt").write_text(text + "\n", encoding="utf-8")
             print(text)
+            keep(args, "gpu_payoff", {"printed": text, "out": str(args.out)})
 
 
 def _main(run: Run, args: argparse.Namespace, steps: set[str], work: Path) -> int:

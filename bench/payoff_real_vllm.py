@@ -10,6 +10,7 @@ speedups, the single-stream estimate (vLLM's tokens per verify step / the step c
 per decode step, the steps that drafted nothing included).
 
     python bench/payoff_real_vllm.py [--levels 1,4] [--phase 30] [--calibrate traffic] [--threads 1]
+        [--record]
 
 Runtime: ~15 minutes on 2 cores (two servers start, the curve, 4 phases per level).
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._run import add_outputs, keep
 from harness.real_vllm.payoff import HEADER, measure_curve, payoff, servers, traffic_point
 from harness.real_vllm.server import ensure_model, ensure_venv
 
@@ -46,6 +48,7 @@ def main() -> int:
         type=int,
         help="each server's compute threads (OMP_NUM_THREADS); default: all cores",
     )
+    add_outputs(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     python = ensure_venv(args.cache)
@@ -63,8 +66,14 @@ def main() -> int:
         for r in curve:
             print("curve", json.dumps(r), flush=True)
         print(HEADER, flush=True)
-        payoff(spec, plain, curve, levels, args.phase, work,
-               lambda line: print(line, flush=True))  # fmt: skip
+        printed = [HEADER]
+
+        def line(text: str) -> None:
+            print(text, flush=True)
+            printed.append(text)
+
+        payoff(spec, plain, curve, levels, args.phase, work, line)
+    keep(args, "payoff_real_vllm", {"curve": curve, "printed": printed})
     return 0
 
 

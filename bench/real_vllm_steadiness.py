@@ -9,11 +9,12 @@ tokens after the first / seconds after it).
 Printed per server, round, level and route: the first content chunk's tokens (mean, max),
 tokens per later chunk, and the decode rate. What an A/B of the two servers can be trusted to.
 
-    python bench/real_vllm_steadiness.py     # ~3 minutes on 2 cores
+    python bench/real_vllm_steadiness.py [--record]    # ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -28,6 +29,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._run import add_outputs, keep
 from exporter.measure.scenarios import builtin
 from harness.ab_traffic import ROUTES
 from harness.helpers import free_port
@@ -59,7 +61,7 @@ async def one(session: aiohttp.ClientSession, base: str, route: str, i: int) -> 
     return chunks
 
 
-async def level(base: str, concurrency: int, per_client: int) -> None:
+async def level(base: str, concurrency: int, per_client: int) -> list[dict[str, Any]]:
     found: list[tuple[str, Chunks]] = []
     names = list(ROUTES)
     async with aiohttp.ClientSession() as session:
@@ -70,6 +72,7 @@ async def level(base: str, concurrency: int, per_client: int) -> None:
                 found.append((route, await one(session, base, route, i)))
 
         await asyncio.gather(*(client(w) for w in range(concurrency)))
+    rows = []
     for route in ROUTES:
         done = [c for r, c in found if r == route and len(c) > 1]
         first = [c[0][1] for c in done]
@@ -82,9 +85,20 @@ async def level(base: str, concurrency: int, per_client: int) -> None:
             f"decode {tokens / seconds:6.1f} tok/s",
             flush=True,
         )
+        rows.append({
+            "concurrency": concurrency,
+            "route": route,
+            "first_chunk_tokens": round(statistics.mean(first), 2),
+            "later_chunk_tokens": round(statistics.mean(later), 2),
+            "decode_tok_s": round(tokens / seconds, 1),
+        })  # fmt: skip
+    return rows
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_outputs(parser)
+    args = parser.parse_args()
     python = ensure_venv(CACHE)
     model = ensure_model(python, CACHE)
     work = Path(tempfile.mkdtemp(prefix="specdec-steady-"))
@@ -109,14 +123,17 @@ def main() -> int:
         if errors:
             print("\n".join(errors), file=sys.stderr)
             return 1
+        rows = []
         for round_ in (1, 2):
             for name, server in servers.items():
                 print(f"{name}, round {round_}", flush=True)
                 for concurrency, per_client in ((1, 8), (4, 4)):
-                    asyncio.run(level(server.base_url, concurrency, per_client))
+                    for row in asyncio.run(level(server.base_url, concurrency, per_client)):
+                        rows.append({"server": name, "round": round_, **row})
     finally:
         for server in servers.values():
             server.stop()
+    keep(args, "real_vllm_steadiness", {"rows": rows})
     return 0
 
 

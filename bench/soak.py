@@ -57,7 +57,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _run import SIDECAR_CONF, free_port, guarded, proc_stats, record, spawn, stop, wait_http
+from _run import (
+    SIDECAR_CONF,
+    add_outputs,
+    free_port,
+    guarded,
+    proc_stats,
+    record,
+    spawn,
+    stop,
+    wait_http,
+)
 from _soak_clients import (
     COUNTER,
     MODEL,
@@ -547,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rss-growth-mb", type=float, default=5.0)
     parser.add_argument("--json", help="write every report and the figures to this file")
-    parser.add_argument("--record", action="store_true", help="keep the figures in bench/results")
+    add_outputs(parser, json_file=False)
     parser.add_argument("--check", action="store_true", help="exit 1 on a problem")
     args = parser.parse_args(argv)
     if args.burst is None:

@@ -38,8 +38,9 @@ class Llamacpp(Engine):
         With a KV stream per slot (llama-server's default with `-np` and no `--kv-unified`) a
         batch is cut into one pass over the weights per run of consecutive busy slots
         (`split_equal(..., sequential)` in llama-batch.cpp), so slots picked by prompt
-        similarity made a step's cost follow the server's history: at 4 requests up to 4 passes
-        (docs/BENCHMARKS.md §11). Pinned, the busy slots at concurrency c are 0..c-1: one pass."""
+        similarity made a step's cost follow the server's history (at 4 requests up to 4
+        passes), which no curve measured beforehand can hold. Pinned, the busy slots at
+        concurrency c are 0..c-1: one pass."""
         return {"id_slot": worker}
 
     def draft_length_fields(self, draft_length: int) -> dict[str, Any] | None:

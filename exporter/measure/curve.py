@@ -3,10 +3,11 @@
 At each concurrency level the scenarios are replayed together, their requests interleaved
 (at least 3 x the level's requests, shared by the scenarios' weights: `level_runs`): the mix
 the routes share the engine in, which a step's seconds depend on beyond the batch (new
-requests' prefills land in the decode steps, and longer contexts cost more per step; figures
-in docs/BENCHMARKS.md §11). Against the speculative endpoint, then the plain one (the same
-model without speculation), so the two see the same load. What a level's phases read (the
-steady window, seconds per step, the pooled replicates) is `measure.level`'s; here they run.
+requests' prefills land in the decode steps, and longer contexts cost more per step), so a
+level measured one scenario at a time does not hold the step the routes see together. Against
+the speculative endpoint, then the plain one (the same model without speculation), so the two
+see the same load. What a level's phases read (the steady window, seconds per step, the
+pooled replicates) is `measure.level`'s; here they run.
 The engine's running requests (its batch gauge, `Engine.running_gauge`) are sampled from its
 /metrics until the first worker finds nothing left (the steady window's end).
 
@@ -19,8 +20,8 @@ fixed cost, k - 1 for the slope past k.
 
 Replicates: a level's speculative and plain phases run `replicates` times (alternated), and once
 more where no two of a side's figures agree within AGREE, as the A/B truth repeats its rounds:
-one phase in a start of a real engine can run 20 % off the others at the same batch and
-context (docs/BENCHMARKS.md §11), which the window's own spread does not see.
+on a real engine a single phase can read 20 % off the others of the same start at the same
+batch and context, which the window's own spread does not see.
 """
 
 from __future__ import annotations

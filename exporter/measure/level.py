@@ -7,8 +7,10 @@ arrivals between them, has turned over) to the time the first worker finds nothi
 then on the batch drains, and a draining engine's steps cost more a token than steady ones at
 the same level). Each request counts with the part of its decode inside that window, pro
 rata: counting only the requests that ended inside it would choose the ones that ran fast.
-(Counting its tokens by when they arrived instead was tried and reverted: docs/BENCHMARKS.md
-§11, "Measure's window by arrival".) Per level:
+(Counting the tokens by when they arrived was tried and failed the simulators' A/B check:
+likeliest, because a phase states its context as each request's whole-life mean, so the steps
+counted must be whole requests' too, or the per-context-token slopes read from measure's two
+contexts no longer match the steps they are read with.) Per level:
 
 - plain seconds per step = decode seconds / decode tokens (one token per plain step);
 - speculative seconds per step = decode seconds / decode steps, the steps from each request's

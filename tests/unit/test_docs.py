@@ -109,3 +109,28 @@ def test_nothing_points_outside_the_repository() -> None:
         and outside.search(p.read_text(encoding="utf-8", errors="replace"))
     ]
     assert not found, found
+
+
+def test_the_benchmark_reference_is_a_reference_not_a_log() -> None:
+    """docs/BENCHMARKS.md says what each bench measures, its latest figure and what stands; the
+    run-by-run record is data in bench/results/ (rendered by bench/render.py)."""
+    text = (DOCS / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 400, len(text.splitlines())
+    assert "bench/render.py" in text and "bench/results/" in text
+
+
+def test_no_product_doc_or_docstring_cites_a_run_number() -> None:
+    """A run number means something only beside its run's figures: product docs and docstrings
+    say why, self-contained. The one exception: BENCHMARKS.md's pointer to the result files."""
+    paths = [*DOCS.glob("*.md")]
+    for folder in ("exporter", "dashboards"):
+        paths += [p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix != ".pyc"]
+    found = [
+        (str(path.relative_to(ROOT)), n, line)
+        for path in paths
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"run [0-9]", line)
+    ]
+    pointer = [f for f in found if f[0] == "docs/BENCHMARKS.md" and "bench/render.py" in f[2]]
+    assert len(pointer) <= 1, pointer
+    assert [f for f in found if f not in pointer] == []
