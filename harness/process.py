@@ -1,11 +1,15 @@
 """The real servers' processes, for the tests and the bench alike: their addresses, whether one
-answers its health check, and ending one (politely first)."""
+answers its health check, ending one (politely first), and one builder at a time per cache."""
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class Listening:
@@ -41,3 +45,16 @@ def terminate(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def building(cache_dir: Path) -> Iterator[None]:
+    """Hold `cache_dir`'s build lock: test workers and CI's head start (`harness.prepare`) build
+    a cache once between them; a second builder waits for the first, then finds it built."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,5 +1,10 @@
 """The proxy's tests run on both event loops: `specdec serve` uses uvloop when it is installed,
-and uvloop's transports differ from asyncio's (they are not even asyncio.Transport subclasses)."""
+and uvloop's transports differ from asyncio's (they are not even asyncio.Transport subclasses).
+
+Under pytest-xdist (`-n N --dist loadgroup`, the README's test command) the tests that must
+share one process are grouped: an integration module's tests (its module-scoped servers start
+once), the tests of the shared live stack, the real vLLM-CPU tests (one vLLM-CPU server at a
+time on the 2 cores), and each case of the payoff at load (its simulators and measure's curve)."""
 
 from __future__ import annotations
 
@@ -35,3 +40,24 @@ def pytest_asyncio_loop_factories(
             return factories
         factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _process_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _process_group(item: pytest.Item) -> str | None:
+    """The xdist group `item` runs in, or None where any worker may take it alone."""
+    if "integration" not in item.path.parts:
+        return None
+    if "live" in getattr(item, "fixturenames", ()):
+        return "live"
+    if item.get_closest_marker("real_vllm"):
+        return "real_vllm"
+    callspec = getattr(item, "callspec", None)
+    if item.path.name == "test_payoff_at_load.py" and callspec is not None:
+        return f"payoff-{callspec.params['rig'].name}"
+    return item.path.stem

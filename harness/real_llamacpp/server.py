@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from harness.process import healthy, terminate
+from harness.process import building, healthy, terminate
 from harness.real_vllm.server import LocalServer, _run_logged, _tail
 
 SDIST = "llama-cpp-python==0.3.36"
@@ -44,12 +44,16 @@ def cache_dir() -> Path:
 
 def ensure_server(cache_dir: Path) -> tuple[Path, Path]:
     """cache_dir/build/bin/llama-server, built once (marker file); and the vendored gguf-py."""
+    with building(cache_dir):
+        return _ensure_server(cache_dir)
+
+
+def _ensure_server(cache_dir: Path) -> tuple[Path, Path]:
     source = cache_dir / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
     binary = cache_dir / "build" / "bin" / "llama-server"
     marker = cache_dir / "build" / ".specdec-complete"
     if marker.is_file() and marker.read_text().strip() == SDIST and binary.is_file():
         return binary, source / "gguf-py"
-    cache_dir.mkdir(parents=True, exist_ok=True)
     log = cache_dir / "build.log"
     if not source.is_dir():
         sdist = cache_dir / "sdist"
@@ -87,7 +91,9 @@ def ensure_model(gguf_py: Path, cache_dir: Path) -> Path:
     """The tiny GGUF, rebuilt when build_gguf.py changes."""
     digest = hashlib.sha256(BUILD_SCRIPT.read_bytes()).hexdigest()[:16]
     out = cache_dir / f"tiny-{digest}.gguf"
-    if not out.is_file():
+    with building(cache_dir):
+        if out.is_file():
+            return out
         tmp = out.with_suffix(".tmp")
         _run_logged([sys.executable, str(BUILD_SCRIPT), str(gguf_py), str(tmp)],
                     cache_dir / "model-build.log")  # fmt: skip

