@@ -146,7 +146,7 @@ def proxied(reads: list[bytes], tokens: int) -> Setup:
         path.write_text(CONF.format(port=free_port()))
         proxy = Sidecar(config.load(path)).proxy
     assert proxy is not None
-    pool, loop = proxy.settings.upstream, asyncio.get_running_loop()
+    pool, loop = proxy.settings.pool, asyncio.get_running_loop()
     conn = upstream._Connection(pool)
     conn.connection_made(Transport())  # type: ignore[arg-type]
     client, out = proxy.accept("127.0.0.1"), Transport()

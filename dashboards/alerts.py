@@ -207,7 +207,7 @@ def schedule_not_in_effect(mix: Mixin) -> dict[str, Any]:
         "warning",
         "{{ $labels.model_name }} drafts where its schedule says it should not",
         "{{ $labels.model_name }} makes {{ $value | humanize }} verify steps/s while its batch "
-        "is in a band where the configured draft_length_schedule gives k = 0: the engine does "
+        "is in a range where the configured draft_length_schedule gives k = 0: the engine does "
         "not run that schedule (not passed in --speculative-config, or data parallelism > 1, "
         "where vLLM ignores it), or the config's schedule is not the engine's.",
     )

@@ -7,8 +7,8 @@ one line per route (the proxy's exact per-request accounting) and one for the en
 sidecar's rolling window over vLLM's counters). `--with-prometheus` also runs Debian's
 prometheus on the repo's prometheus.yml. `--schedule` runs a dynamic speculative decoding
 schedule (as `specdec advise` prints it) on the simulator and in the sidecar's config, and adds
-a line: the band the engine's batch is in, the k it gives, and each workload's drafts per step
-since the last line (advise -> apply -> verify). Ctrl-C stops everything.
+a line: the schedule's range the engine's batch is in, the k it gives, and each workload's
+drafts per step since the last line (advise -> apply -> verify). Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from exporter.sim.steptime import MODEL as STEP_TIME
 from exporter.sim.steptime import SINGLE_STREAM_STEP_SECONDS as STEP
 
 MODEL = "sim-27b"
-K = 3  # the simulator's draft length
+DRAFT_LENGTH = 3  # the simulator's k
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # to the dashboards' last "speedup at batch" column
 CONTEXT = 160  # tokens a decoding request of the demo's two workloads holds, time-weighted
 V = TypeVar("V")
@@ -95,14 +95,14 @@ def config(opts: Options) -> Config:
         StepTimePoint(
             b,
             STEP_TIME.plain(b, b * CONTEXT) / opts.speed,
-            STEP_TIME.verify(b, K, b * CONTEXT) / opts.speed,
+            STEP_TIME.verify(b, DRAFT_LENGTH, b * CONTEXT) / opts.speed,
             context_tokens=CONTEXT,
             plain_seconds_per_context_token=b * STEP_TIME.kv_per_token * STEP / opts.speed,
             verify_seconds_per_context_token=b * STEP_TIME.kv_per_token * STEP / opts.speed,
         )
         for b in CURVE_BATCHES
     )
-    step_cost = STEP_TIME.verify(1, K) / STEP_TIME.plain(1)
+    step_cost = STEP_TIME.verify(1, DRAFT_LENGTH) / STEP_TIME.plain(1)
     return Config(
         listen=(opts.host, opts.sidecar_port),
         targets=(Target("sim", f"{base}:{opts.sim_port}/metrics"),),
@@ -111,7 +111,14 @@ def config(opts: Options) -> Config:
         # the published dense-27B figures: ~20 GB read per token, 1.7 TB/s -> ~85 tok/s ceiling
         models=(
             ModelConfig(
-                MODEL, K, step_cost, 1 / STEP_TIME.plain(1), 20e9, 1.7e12, curve, opts.schedule
+                MODEL,
+                DRAFT_LENGTH,
+                step_cost,
+                1 / STEP_TIME.plain(1),
+                20e9,
+                1.7e12,
+                curve,
+                opts.schedule,
             ),
         ),
     )
@@ -190,12 +197,12 @@ Steps = dict[tuple[str, str, str], int]  # (route, model, draft length) -> decod
 
 
 def schedule_line(schedule: Schedule, running: float | None, steps: Steps, before: Steps) -> str:
-    """The schedule's band at the engine's mean batch and its k, and each workload's drafts
+    """The schedule's range at the engine's mean batch and its k, and each workload's drafts
     per decode step since the last line (`specdec_route_steps_total`'s increase, plain steps
     counted as 0): equal where the schedule is in effect."""
     if running is None:
         return f"{'schedule':<13} no batch seen yet"
-    start, end, k = schedule.band(running)
+    start, end, k = schedule.range_at(running)
     parts = []
     for load in WORKLOADS:
         made = {
@@ -207,7 +214,7 @@ def schedule_line(schedule: Schedule, running: float | None, steps: Steps, befor
         drafts = sum(length * n for length, n in made.items()) / count if count else None
         parts.append(f"{load.name} " + ("-" if drafts is None else f"{drafts:.2f}"))
     return (
-        f"{'schedule':<13} batch {running:.1f} in band {start}-{end}: k = {k}; drafts per step "
+        f"{'schedule':<13} batch {running:.1f} in range {start}-{end}: k = {k}; drafts per step "
         f"since the last line: {', '.join(parts)}"
     )
 

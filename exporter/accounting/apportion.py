@@ -50,15 +50,18 @@ class Apportioner:
         per_step = self._draft_tokens_per_step.get(key[1])
         return (own.draft_tokens or 0.0) / per_step if per_step else None
 
-    def streamed(self, key: RouteKey, increments: tuple[int, ...], k: int | None) -> None:
+    def streamed(
+        self, key: RouteKey, increments: tuple[int, ...], draft_length: int | None
+    ) -> None:
         """A streamed request without figures: each content event after prefill's first is one
-        step or, with k configured, the fewest steps of at most k + 1 tokens that make it."""
+        step or, with a draft length k configured, the fewest steps of at most k + 1 tokens
+        that make it."""
         for weight in (
             self._weights.setdefault(key, _Weight()),
             self._streamed.setdefault(key, _Weight()),
         ):
             for tokens in increments[1:]:
-                steps = 1 if k is None else max(1, -(-tokens // (k + 1)))
+                steps = 1 if draft_length is None else max(1, -(-tokens // (draft_length + 1)))
                 weight.steps += steps
                 weight.accepted += tokens - steps
 

@@ -202,8 +202,8 @@ class Accounting:
             self._request_view(key, own, req.finish_reason, steps)
         elif req.increments:
             config = self.models.get(req.model_name)
-            k = None if config is None else config.num_speculative_tokens
-            self.apportioner.streamed(key, req.increments, k)
+            draft_length = None if config is None else config.num_speculative_tokens
+            self.apportioner.streamed(key, req.increments, draft_length)
         elif req.completion_tokens:
             self.apportioner.tokens_only(key, req.completion_tokens)
 
@@ -349,7 +349,7 @@ class Accounting:
         windows = tuple(
             WindowReading(
                 window,
-                self.history.span(window, now),
+                self.history.covered(window, now),
                 _fixed(
                     {}
                     if running is None
@@ -394,10 +394,10 @@ class Accounting:
         self.slice_baseline.record(now, dict(self.slices))
 
 
-K = TypeVar("K")
+Key = TypeVar("Key")
 V = TypeVar("V")
 
 
-def _fixed(table: Mapping[K, V]) -> Mapping[K, V]:
+def _fixed(table: Mapping[Key, V]) -> Mapping[Key, V]:
     """A copy no reader can change (the values are immutable already)."""
     return MappingProxyType(dict(table))

@@ -43,8 +43,9 @@ def register(add_verb: AddVerb) -> None:
         "--num-speculative-tokens",
         type=int,
         default=3,
-        metavar="K",
-        help="draft tokens per verify step; 0 serves without speculation (default 3)",
+        metavar="N",
+        help="the draft length: draft tokens per verify step; 0 serves without speculation "
+        "(default 3)",
     )
     p.add_argument(
         "--per-request-spec-decode-metrics",
@@ -63,14 +64,15 @@ def register(add_verb: AddVerb) -> None:
     p.add_argument(
         "--adaptive-draft-length",
         action="store_true",
-        help="each verify step drafts 1..K tokens (vLLM's adaptive draft length): draft tokens "
-        "are no longer K x steps",
+        help="each verify step drafts 1..N tokens, N = --num-speculative-tokens (vLLM's adaptive "
+        "draft length): draft tokens are no longer N x steps",
     )
     p.add_argument(
         "--schedule",
         metavar="JSON",
         help="run vLLM's dynamic speculative decoding: its num_speculative_tokens_per_batch_size, "
-        "e.g. '[[1,3,3],[4,15,2],[16,256,0]]' (k by the batch at each step; k <= K)",
+        "e.g. '[[1,3,3],[4,15,2],[16,256,0]]' (the draft length by the batch at each step, at "
+        "most --num-speculative-tokens)",
     )
     p.add_argument(
         "--engine",

@@ -230,7 +230,7 @@ class StepTimePoint:
     verify_seconds: float | None = setting(_POSITIVE, None)
     # verify steps at draft lengths below k, {length: seconds}: engines with a per-request k
     draft_seconds: tuple[tuple[int, float], ...] = setting(_draft_seconds, ())
-    # draft tokens per decode step of the verify phase where below k (a schedule's band)
+    # draft tokens per decode step of the verify phase where below k (a schedule's range)
     verify_drafts: float | None = setting(number(0.0, 64.0), None)
     # tokens a running request held in its KV over the point's phases, and what a step gains
     # per token more of it (measure at two context lengths)
@@ -260,7 +260,7 @@ class ModelConfig:
     """What the payoff figures need to know about a served model."""
 
     name: str = setting(described("the model_name vLLM reports"))
-    num_speculative_tokens: int = setting(whole(1, 64))
+    num_speculative_tokens: int = setting(whole(1, 64))  # the draft length k, as vLLM names it
     step_cost_ratio: float = setting(number(1.0, 100.0))
     plain_decode_tokens_per_second: float | None = setting(_POSITIVE, None)
     bytes_per_token: float | None = setting(_POSITIVE, None)
@@ -299,8 +299,8 @@ class ModelConfig:
                 self.draft_length_schedule,
             )
         if self.plain_decode_tokens_per_second:
-            rate, k = self.plain_decode_tokens_per_second, self.num_speculative_tokens
-            curve = single_point_curve(self.step_cost_ratio, rate, k)
+            rate = self.plain_decode_tokens_per_second
+            curve = single_point_curve(self.step_cost_ratio, rate, self.num_speculative_tokens)
             return replace(curve, schedule=self.draft_length_schedule)
         return None
 

@@ -119,20 +119,23 @@ class StepPoint:
     # draft length per request (`specdec measure` on llama.cpp)
     draft_seconds: tuple[tuple[int, float], ...] = ()
     # draft tokens per decode step of the phase `verify_seconds` timed (None: the model's k;
-    # below it where a schedule's band or an n-gram drafter's misses drafted fewer)
+    # below it where a schedule's range or an n-gram drafter's misses drafted fewer)
     verify_drafts: float | None = None
     context: float | None = None  # tokens a running request held, time-weighted
     # seconds a step gains per token of context: plain, and at `verify_drafts` drafts
     plain_per_context_token: float = 0.0
     verify_per_context_token: float = 0.0
 
-    def seconds(self, drafts: float, k: int, context: float | None = None) -> float | None:
+    def seconds(
+        self, drafts: float, draft_length: int, context: float | None = None
+    ) -> float | None:
         """A step drafting `drafts` tokens per request (a mean: a fraction mixes steps), at
         `context` (None: the point's own). Through the steps known: plain (0), the measured
         draft lengths and the verify step; linear between two of them; past the longest,
         on by the last increment per draft, never cheaper (measured slopes under 0 are noise).
-        None for drafts > 0 where the point has no speculative step."""
-        top = k if self.verify_drafts is None else self.verify_drafts
+        None for drafts > 0 where the point has no speculative step. `draft_length`: the
+        model's, what its verify step drafts where the point does not say."""
+        top = draft_length if self.verify_drafts is None else self.verify_drafts
         known = {0.0: self.plain_seconds, **{float(j): s for j, s in self.draft_seconds}}
         if self.verify_seconds is not None and top > 0:
             known[float(top)] = self.verify_seconds
@@ -158,15 +161,16 @@ class StepPoint:
 class StepCurve:
     """Step seconds against the batch (linear between measured points, flat beyond them: a
     curve is trusted only where it was measured; one point is a load-blind constant), by the
-    draft tokens per step and at a context, for a model whose verify step drafts `k`."""
+    draft tokens per step and at a context, for a model whose verify step drafts
+    `draft_length` (k)."""
 
     points: tuple[StepPoint, ...]
-    k: int
+    draft_length: int
     schedule: Schedule | None = None  # the k the engine runs by batch, where it runs one
 
-    def draft_length(self, running: float) -> int:
+    def scheduled_draft_length(self, running: float) -> int:
         """The k the engine runs at a batch of `running`: the schedule's (at most k), else k."""
-        return draft_length_at(self.schedule, self.k, running)
+        return draft_length_at(self.schedule, self.draft_length, running)
 
     def seconds(self, drafts: float, running: float, context: float | None = None) -> float | None:
         """A step of `drafts` draft tokens per request at the batch and context: the plain step
@@ -176,25 +180,27 @@ class StepCurve:
 
     def plain(self, running: float, context: float | None = None) -> float:
         return _interpolate(
-            [(p.running, p.seconds(0.0, self.k, context) or 0.0) for p in self.points], running
+            [(p.running, p.seconds(0.0, self.draft_length, context) or 0.0) for p in self.points],
+            running,
         )
 
     def verify(self, running: float, context: float | None = None) -> float | None:
         """The step the engine runs at the batch: at k, or the schedule's k there (a plain
         step where it gives 0)."""
-        return self.seconds(self.draft_length(running), running, context)
+        return self.seconds(self.scheduled_draft_length(running), running, context)
 
     def cost(self, drafts: float, running: float, context: float | None = None) -> float | None:
         """A step of `drafts` draft tokens per request / a plain step, at the batch and context:
         the ratio the counterfactual plain step is read through (1.0 at no drafts). Each point
         with a speculative step gives its own ratio, linear between them in the batch and flat
-        beyond (a point without one, as a schedule's k = 0 band, takes its neighbours': a ratio
+        beyond (a point without one, as a schedule's k = 0 range, takes its neighbours': a ratio
         read at one batch is not divided by a plain step read at another)."""
         if drafts <= 0:
             return 1.0
         known = []
         for p in self.points:
-            step, plain = p.seconds(drafts, self.k, context), p.seconds(0.0, self.k, context)
+            step = p.seconds(drafts, self.draft_length, context)
+            plain = p.seconds(0.0, self.draft_length, context)
             if step is not None and plain:
                 known.append((p.running, step / plain))
         return _interpolate(known, running) if known else None
@@ -230,10 +236,12 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def single_point_curve(step_cost_ratio: float, plain_tokens_per_second: float, k: int) -> StepCurve:
+def single_point_curve(
+    step_cost_ratio: float, plain_tokens_per_second: float, draft_length: int
+) -> StepCurve:
     """Today's calibration as a curve: one plain rate and one step cost, at any batch."""
     plain = 1.0 / plain_tokens_per_second
-    return StepCurve((StepPoint(1.0, plain, plain * step_cost_ratio),), k)
+    return StepCurve((StepPoint(1.0, plain, plain * step_cost_ratio),), draft_length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,17 +282,17 @@ class Speedups:
         tokens per decode step / the cost ratio at the drafts per step every route's counted
         steps had (steps without drafts included, so an n-gram drafter's misses and a
         schedule's plain steps are not lost); without such requests, `tokens_per_step` (per
-        verify step) / the cost at the k the engine runs at the batch (`StepCurve.draft_length`:
-        a schedule's band). No drafts in the window: x1.0 for a route that ran, speculation was
-        off. No batch and a load-aware curve: nothing."""
+        verify step) / the cost at the k the engine runs at the batch
+        (`StepCurve.scheduled_draft_length`: a schedule's range). No drafts in the window: x1.0
+        for a route that ran, speculation was off. No batch and a load-aware curve: nothing."""
         if curve is None or (curve.load_aware and load.running is None):
             return cls(None, None)
         batch = 1.0 if load.running is None else load.running
-        k = curve.draft_length(batch)
+        scheduled = curve.scheduled_draft_length(batch)
         drafts = load.drafts_per_step
         observed = exact.seconds_per_step is not None and drafts is not None
         if not observed:
-            drafts = float(k)
+            drafts = float(scheduled)
         assert drafts is not None
         cost = curve.cost(drafts, batch, load.context)
         if drafts <= 0:  # the engine ran plain steps: nothing gained, nothing lost
@@ -303,16 +311,16 @@ class Speedups:
                 estimated = tokens_per_step / cost
         measured = None if decoded.rate is None else decoded.rate * plain
         costs = {0: 1.0}
-        for length in range(1, max(k, round(drafts)) + MODELLED_BEYOND + 1):
+        for length in range(1, max(scheduled, round(drafts)) + MODELLED_BEYOND + 1):
             if (c := curve.cost(length, batch, load.context)) is not None:
                 costs[length] = c
         tokens = exact.tokens / exact.steps if observed else None
         return cls(estimated, measured, plain, costs, drafts, tokens)
 
 
-def breakeven_acceptance(step_cost_ratio: float, k: int) -> float:
+def breakeven_acceptance(step_cost_ratio: float, draft_length: int) -> float:
     """The acceptance at which speculation neither gains nor loses: (cost - 1) / k."""
-    return (step_cost_ratio - 1.0) / k
+    return (step_cost_ratio - 1.0) / draft_length
 
 
 def decode_ceiling(bandwidth_bytes_per_second: float, bytes_per_token: float) -> float:
@@ -329,11 +337,11 @@ class DraftLength:
     halfwidth: float | None  # 95 %, from the acceptance's; None: not known
 
 
-def linear_costs(plain: float, verify: float, k: int, upto: int) -> dict[int, float]:
+def linear_costs(plain: float, verify: float, draft_length: int, upto: int) -> dict[int, float]:
     """Cost ratios 0..`upto` for a step linear in its drafts from the plain step (0) to the
     verify step (k): the simulator's model, and what a line through plain and verify steps
     alone can say (`specdec advise`'s schedule)."""
-    return {j: (plain + (verify - plain) * j / k) / plain for j in range(upto + 1)}
+    return {j: (plain + (verify - plain) * j / draft_length) / plain for j in range(upto + 1)}
 
 
 def speedups_by_draft_length(
@@ -369,7 +377,7 @@ MODELLED_BEYOND = 2
 def observed_draft_length(c: Counts, payoff: Speedups, scheduled: int | None) -> int | None:
     """The draft length the window's steps ran: its route's draft tokens per verify step
     rounded, else `scheduled` (the k the engine runs at the batch); 0 where most of the
-    engine's decode steps drafted nothing (a schedule's k = 0 band, its edge crossed only as
+    engine's decode steps drafted nothing (a schedule's k = 0 range, its edge crossed only as
     the batch filled): plain steps carry no acceptance to build options on."""
     if not c.drafts or c.draft_tokens is None:
         return scheduled
@@ -381,14 +389,19 @@ def observed_draft_length(c: Counts, payoff: Speedups, scheduled: int | None) ->
 
 
 def options_by_draft_length(
-    c: Counts, payoff: Speedups, interval: Interval | None, own_positions: bool, k: int | None
+    c: Counts,
+    payoff: Speedups,
+    interval: Interval | None,
+    own_positions: bool,
+    draft_length: int | None,
 ) -> list[DraftLength]:
     """The route's speedup at each draft length from 0 at the load: tokens per step from its
     per-position acceptance over `payoff.costs`. Its own positions where its requests state
     them (`own_positions`; 0..k: nothing is known past k), else (llama.cpp: the engine's
     positions mix every route) the geometric profile of its own acceptance, 0..k +
-    MODELLED_BEYOND (the profile goes on past k). `k`: the draft length of the steps observed
+    MODELLED_BEYOND (the profile goes on past k). `draft_length`: k, the steps' observed
     (`observed_draft_length`; 0 or None: nothing to say)."""
+    k = draft_length  # the formulas' k
     if not payoff.costs or not c.drafts or not k:
         return []
     relative = None
@@ -408,7 +421,7 @@ def options_by_draft_length(
 
 
 def geometric_positions(
-    acceptance: float, k: int, positions: int | None = None
+    acceptance: float, draft_length: int, positions: int | None = None
 ) -> tuple[float, ...]:
     """P(more than i drafts accepted), i < `positions` (default k), for a route whose engine
     states only its draft and accepted tokens (llama.cpp's timings; its per-position counters
@@ -420,6 +433,7 @@ def geometric_positions(
     last (measured: within 2 % of E(k') for the bench's two routes, docs/metrics.md). Past k
     the profile goes on (a^(i+1)): what k' > k would get, if the route's drafts keep being
     accepted as they were (an extrapolation; vLLM's own positions are not extended)."""
+    k = draft_length  # the formulas' k
     target = min(max(acceptance, 0.0), 1.0)
     low, high = 0.0, 1.0
     for _ in range(60):  # bisection: the mean rises with a

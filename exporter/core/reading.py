@@ -50,10 +50,10 @@ def read_route(window: RouteWindow, curve: StepCurve | None, own_positions: bool
     payoff = Speedups.at_load(
         curve, window.load, r.mean_acceptance_length, window.decoded, window.exact
     )
-    # the k the engine runs at the batch (a schedule's band), where no step says
-    k = None if curve is None else curve.draft_length(window.load.running or 1.0)
+    # the k the engine runs at the batch (a schedule's range), where no step says
+    scheduled = None if curve is None else curve.scheduled_draft_length(window.load.running or 1.0)
     interval = window.moments.interval()
-    drafted = observed_draft_length(window.counts, payoff, k)
+    drafted = observed_draft_length(window.counts, payoff, scheduled)
     options = options_by_draft_length(window.counts, payoff, interval, own_positions, drafted)
     return RouteReading(
         r.acceptance,

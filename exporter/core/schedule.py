@@ -7,7 +7,6 @@ engine runs, the simulator that runs it and the alerts that follow it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -47,24 +46,20 @@ class Schedule:
             expected = end + 1
         return cls(tuple(ranges))
 
-    def band(self, batch: float) -> tuple[int, int, int]:
+    def range_at(self, batch: float) -> tuple[int, int, int]:
         """The range a batch of `batch` running requests falls in (below 1: the first; above
         the last: the last, whose k holds there)."""
         return next((r for r in self.ranges if batch <= r[1]), self.ranges[-1])
 
     def draft_length(self, batch: float) -> int:
         """k at a batch of `batch` running requests."""
-        return self.band(batch)[2]
-
-    def bands(self) -> Mapping[str, int]:
-        """`start-end` -> k, the dashboard's and the demo's band names."""
-        return {f"{start}-{end}": k for start, end, k in self.ranges}
+        return self.range_at(batch)[2]
 
     def as_config(self) -> list[list[int]]:
         return [list(r) for r in self.ranges]
 
 
-def draft_length_at(schedule: Schedule | None, k: int, batch: float) -> int:
-    """The draft length an engine of k runs at `batch`: its schedule's there (at most k), else
-    k. One reading for the config, the curve and the collectors."""
-    return k if schedule is None else min(schedule.draft_length(batch), k)
+def draft_length_at(schedule: Schedule | None, draft_length: int, batch: float) -> int:
+    """The draft length an engine of `draft_length` (k) runs at `batch`: its schedule's there
+    (at most k), else k. One reading for the config, the curve and the collectors."""
+    return draft_length if schedule is None else min(schedule.draft_length(batch), draft_length)

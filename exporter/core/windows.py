@@ -3,10 +3,10 @@
 A ring of timestamped snapshots per target. The increase over a window is the newest snapshot
 minus the newest one at least a window old. A window means its length: while the history is
 younger than the window there is no figure for it (a 15m gauge of a sidecar started 2 minutes
-ago would be a 2-minute figure under a 15-minute name), unless the caller asks for the partial
-span and says so (`since`). A window with no snapshot inside it has no data: a target that
-stopped answering loses its derived gauges once the window has passed, instead of showing
-stale numbers as live.
+ago would be a 2-minute figure under a 15-minute name), unless the caller asks for the part
+it covers and says so (`partial`, `covered`: the demo's "over 23s"). A window with no snapshot
+inside it has no data: a target that stopped answering loses its derived gauges once the window
+has passed, instead of showing stale numbers as live.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ class Subtractable(Protocol):
 
 
 V = TypeVar("V", bound=Subtractable)
-K = TypeVar("K", bound=tuple[str, ...])  # label values: (model_name, engine), (route, model_name)
+# label values: (model_name, rank), (route, model_name)
+Key = TypeVar("Key", bound=tuple[str, ...])
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ def parse_window(text: str) -> Window:
 DEFAULT_WINDOWS = tuple(parse_window(w) for w in ("1m", "5m", "15m"))
 
 
-class History(Generic[K, V]):
+class History(Generic[Key, V]):
     """Snapshots of running sums per key, kept as long as the longest window needs.
 
     `born_at_zero`: a key missing from the window's baseline began at zero after it (the
@@ -62,16 +63,16 @@ class History(Generic[K, V]):
         # second's ticks would hold 86 400 of them
         self.resolution = resolution
         self._keep = max((w.seconds for w in self.windows), default=0.0)
-        self._ring: deque[tuple[float, Mapping[K, V]]] = deque()
+        self._ring: deque[tuple[float, Mapping[Key, V]]] = deque()
 
-    def with_windows(self, windows: Sequence[Window], resolution: float = 0.0) -> History[K, V]:
+    def with_windows(self, windows: Sequence[Window], resolution: float = 0.0) -> History[Key, V]:
         """The same snapshots under new windows (a reload): a window kept keeps its figures,
         a longer new one appears once the snapshots cover it."""
-        new: History[K, V] = History(windows, self.born_at_zero, resolution)
+        new: History[Key, V] = History(windows, self.born_at_zero, resolution)
         new._ring = deque(self._ring)
         return new
 
-    def record(self, t: float, snapshot: Mapping[K, V]) -> None:
+    def record(self, t: float, snapshot: Mapping[Key, V]) -> None:
         if len(self._ring) >= 2 and t - self._ring[-2][0] < self.resolution:
             self._ring.pop()  # the newest replaces one within the resolution of the one before
         self._ring.append((t, snapshot))
@@ -79,10 +80,10 @@ class History(Generic[K, V]):
         while len(self._ring) >= 2 and self._ring[1][0] <= t - self._keep:
             self._ring.popleft()
 
-    def increase(self, window: Window, now: float, partial: bool = False) -> dict[K, V]:
+    def increase(self, window: Window, now: float, partial: bool = False) -> dict[Key, V]:
         """Per series, the increase over `window` ending at `now`; empty when it holds no data
         or the history does not cover the window yet (`partial`: then over what it covers,
-        from `since(now)`)."""
+        `covered(window, now)` seconds)."""
         if not self._ring or self._ring[-1][0] < now - window.seconds:
             return {}
         if not partial and self._ring[0][0] > now - window.seconds:
@@ -103,11 +104,11 @@ class History(Generic[K, V]):
                 result[key] = counts - base
         return result
 
-    def span(self, window: Window, now: float) -> float:
+    def covered(self, window: Window, now: float) -> float:
         """Seconds of `window` the history covers at `now` (the window's length once full)."""
         return min(window.seconds, now - self._ring[0][0]) if self._ring else 0.0
 
-    def _baseline(self, since: float) -> Mapping[K, V]:
+    def _baseline(self, since: float) -> Mapping[Key, V]:
         chosen = self._ring[0][1]
         for t, snap in self._ring:
             if t > since:

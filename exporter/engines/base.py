@@ -246,6 +246,6 @@ class Engine:
         return f"<engine {self.kind}>"
 
 
-def dense(per_position: dict[int, float], k: int) -> tuple[float, ...]:
-    """Positions 0..k-1, a missing one 0."""
-    return tuple(per_position.get(i, 0.0) for i in range(k))
+def dense(per_position: dict[int, float], positions: int) -> tuple[float, ...]:
+    """Positions 0..`positions`-1 (the draft length k), a missing one 0."""
+    return tuple(per_position.get(i, 0.0) for i in range(positions))

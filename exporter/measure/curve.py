@@ -6,10 +6,10 @@ the routes share the engine in, which a step's seconds depend on beyond the batc
 requests' prefills land in the decode steps, and longer contexts cost more per step), so a
 level measured one scenario at a time does not hold the step the routes see together. Against
 the speculative endpoint, then the plain one (the same model without speculation), so the two
-see the same load. What a level's phases read (the steady window, seconds per step, the
+see the same load. What a level's phases read (the steady span, seconds per step, the
 pooled replicates) is `measure.level`'s; here they run.
 The engine's running requests (its batch gauge, `Engine.running_gauge`) are sampled from its
-/metrics until the first worker finds nothing left (the steady window's end).
+/metrics until the first worker finds nothing left (the steady span's end).
 
 Where the engine takes a draft length per request (`LoadHooks.draft_length_fields`:
 llama.cpp), phases at one draft a step and at k - 1 give the verify step's seconds there
@@ -21,7 +21,7 @@ fixed cost, k - 1 for the slope past k.
 Replicates: a level's speculative and plain phases run `replicates` times (alternated), and once
 more where no two of a side's figures agree within AGREE, as the A/B truth repeats its rounds:
 on a real engine a single phase can read 20 % off the others of the same start at the same
-batch and context, which the window's own spread does not see.
+batch and context, which the steady span's own spread does not see.
 """
 
 from __future__ import annotations

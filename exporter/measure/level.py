@@ -1,11 +1,11 @@
 """What one concurrency level of the step-time curve reads: its phases' steady decode, the
 replicates pooled, the row of the `--json` document (`curve.measure_curve` runs the phases).
 
-Only the steady part of a phase counts (`Phase.window`): from the time as many requests have
-ended as there are workers (the first cohort, sent together with its prefills batched and no
+Only the steady span of a phase counts (`Phase.steady_span`): from the time as many requests
+have ended as there are workers (the first cohort, sent together with its prefills batched and no
 arrivals between them, has turned over) to the time the first worker finds nothing left (from
 then on the batch drains, and a draining engine's steps cost more a token than steady ones at
-the same level). Each request counts with the part of its decode inside that window, pro
+the same level). Each request counts with the part of its decode inside that span, pro
 rata: counting only the requests that ended inside it would choose the ones that ran fast.
 (Counting the tokens by when they arrived was tried and failed the simulators' A/B check:
 likeliest, because a phase states its context as each request's whole-life mean, so the steps
@@ -38,7 +38,7 @@ from exporter.core.counts import Counts
 from exporter.measure.runner import Request, ScenarioResult
 from exporter.measure.steps import Steady, agree, agreeing, per_step, pooled, replicate_error
 
-ERROR_BLOCKS = 4  # spans of a phase's steady window its error is read from
+ERROR_BLOCKS = 4  # blocks of a phase's steady span its error is read from
 
 
 @dataclass
@@ -55,8 +55,8 @@ class Phase:
     def requests(self) -> list[Request]:
         return [r for s in self.results for r in s.requests]
 
-    def window(self) -> tuple[float, float] | None:
-        """The steady part, on time.perf_counter()'s clock: from the `workers`-th request's end
+    def steady_span(self) -> tuple[float, float] | None:
+        """The steady span, on time.perf_counter()'s clock: from the `workers`-th request's end
         to `dry_at` (None where that is empty or unknown: then all of the phase counts)."""
         ends = sorted(span[1] for r in self.requests if (span := r.result.decode_span))
         if self.dry_at is None or len(ends) < self.workers:
@@ -66,15 +66,15 @@ class Phase:
 
     def decode(self) -> tuple[float, float, float | None]:
         """(tokens after the first, their seconds, decode steps or None when not counted),
-        inside the window: each request's share of them as much as its decode lies in it."""
+        inside the steady span: each request's share of them as much as its decode lies in it."""
         d = self.steady()
         return d.tokens, d.seconds, d.steps
 
     def steady(self, within: tuple[float, float] | None = None) -> Steady:
-        """The decode inside the window (or `within`, a part of it), each request pro rata
+        """The decode inside the steady span (or `within`, a part of it), each request pro rata
         as much as its decode lies in it: tokens, seconds, steps where counted, draft tokens,
         and the context the requests held (their prompt + half their decode, by seconds)."""
-        window = within or self.window()
+        steady = within or self.steady_span()
         tokens = seconds = steps = drafted = context = weight = 0.0
         counted = True
         for r in self.requests:
@@ -82,7 +82,7 @@ class Phase:
             span = r.result.decode_span
             if spent <= 0 or span is None:
                 continue
-            inside = spent if window is None else min(window[1], span[1]) - max(window[0], span[0])
+            inside = spent if steady is None else min(steady[1], span[1]) - max(steady[0], span[0])
             if inside <= 0:
                 continue
             share = inside / spent
@@ -104,16 +104,16 @@ class Phase:
         )
 
     def relative_error(self, plain: bool) -> float | None:
-        """The standard error of the window's seconds per step (per token when `plain`), as a
-        share of it: the window cut in ERROR_BLOCKS equal spans, the spread of their figures
+        """The standard error of the steady span's seconds per step (per token when `plain`), as
+        a share of it: the span cut in ERROR_BLOCKS equal blocks, the spread of their figures
         (batch means: the batch and its contexts drift within a phase). None: too short."""
-        window = self.window()
-        if window is None:
+        steady = self.steady_span()
+        if steady is None:
             return None
-        width = (window[1] - window[0]) / ERROR_BLOCKS
+        width = (steady[1] - steady[0]) / ERROR_BLOCKS
         figures = []
         for i in range(ERROR_BLOCKS):
-            d = self.steady((window[0] + i * width, window[0] + (i + 1) * width))
+            d = self.steady((steady[0] + i * width, steady[0] + (i + 1) * width))
             per = d.tokens if plain else d.steps
             if not per or not d.seconds:
                 return None
@@ -122,9 +122,9 @@ class Phase:
         return statistics.stdev(figures) / math.sqrt(ERROR_BLOCKS) / mean
 
     def batch(self) -> list[float]:
-        """The batch gauge's reads inside the window (all of them where none is)."""
-        window = self.window()
-        inside = [v for t, v in self.running if window and window[0] <= t <= window[1]]
+        """The batch gauge's reads inside the steady span (all of them where none is)."""
+        steady = self.steady_span()
+        inside = [v for t, v in self.running if steady and steady[0] <= t <= steady[1]]
         return inside or [v for _, v in self.running]
 
 
@@ -175,7 +175,7 @@ class Level:
 
     def error(self, plain: bool) -> float | None:
         """A side's relative standard error: the kept replicates' spread, or with one
-        replicate the spread within its window (`Phase.relative_error`)."""
+        replicate the spread within its steady span (`Phase.relative_error`)."""
         figures = [per_step(p.steady(), plain) for p in self.kept(plain)]
         found = [f for f in figures if f is not None]
         if len(found) >= 2:

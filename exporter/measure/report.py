@@ -40,11 +40,11 @@ def comparison(spec: Row, plain: Row | None) -> Row | None:
         "step_cost_ratio": None,
         "breakeven_acceptance_rate": None,
     }
-    length, k = spec["mean_acceptance_length"], spec.get("draft_length")
-    if length and k:
+    length, draft_length = spec["mean_acceptance_length"], spec.get("draft_length")
+    if length and draft_length:
         cost = length / speedup  # tokens per step / speedup = one step's cost in plain steps
         row["step_cost_ratio"] = cost
-        row["breakeven_acceptance_rate"] = breakeven_acceptance(cost, k)
+        row["breakeven_acceptance_rate"] = breakeven_acceptance(cost, draft_length)
     return row
 
 
@@ -153,6 +153,7 @@ def _scenario_rows(
 
 
 SHARED_MARGIN = 0.05  # the engine's draft tokens past the requests' own: other traffic
+UNKNOWN_DRAFT_LENGTH = "<draft length>"  # in a `models:` block where no run showed it
 
 
 def _caveats(rows: list[Row]) -> list[str]:
@@ -202,7 +203,7 @@ def models_block(doc: Row, model: str) -> str:
     """A ready `models:` entry for the sidecar config (step cost: median over scenarios)."""
     base = doc["baseline"] or {}
     costs = [c["step_cost_ratio"] for c in base.get("comparison", []) if c.get("step_cost_ratio")]
-    ks = [r["draft_length"] for r in doc["scenarios"] if r.get("draft_length")]
+    lengths = [r["draft_length"] for r in doc["scenarios"] if r.get("draft_length")]
     plain = [
         r["decode_tokens_per_second_median"]
         for r in base.get("scenarios", [])
@@ -211,7 +212,7 @@ def models_block(doc: Row, model: str) -> str:
     lines = [
         "models:   # for the sidecar config (specdec serve --config)",
         f"  - name: {model}",
-        f"    num_speculative_tokens: {ks[0] if ks else 'K'}",
+        f"    num_speculative_tokens: {lengths[0] if lengths else UNKNOWN_DRAFT_LENGTH}",
         step_cost_line(statistics.median(costs)),
     ]
     if plain:
@@ -275,7 +276,7 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def curve_table(levels: list[Row], model: str, k: int | None) -> str:
+def curve_table(levels: list[Row], model: str, draft_length: int | None) -> str:
     """The step-time curve per concurrency level (each step with its relative standard error,
     the context its requests held), then a ready `models:` block holding it."""
     header = [
@@ -307,7 +308,7 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
     lines = aligned(table)
     lines.append(
         "(± one standard error of a step's seconds: the spread of the replicates that agree; "
-        "with one replicate, of its steady window in four spans)"
+        "with one replicate, of its steady span in four blocks)"
     )
     lines += [f"  {line}" for r in levels for line in r.get("left_out") or ()]
     points = [r for r in levels if r["running"] is not None and r["plain_seconds"]]
@@ -319,7 +320,7 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
         "",
         "models:   # for the sidecar config (specdec serve --config)",
         f"  - name: {model}",
-        f"    num_speculative_tokens: {k if k else 'K'}",
+        f"    num_speculative_tokens: {draft_length or UNKNOWN_DRAFT_LENGTH}",
     ]
     if first["verify_seconds"]:
         lines.append(step_cost_line(first["verify_seconds"] / first["plain_seconds"]))
@@ -327,7 +328,9 @@ def curve_table(levels: list[Row], model: str, k: int | None) -> str:
         f"    plain_decode_tokens_per_second: {1 / first['plain_seconds']:.1f}",
         "    step_time:   # seconds per decode step against the engine's running requests",
     ]
-    lines += [f"      - {{{_point(r, k)}}}" for r in sorted(points, key=lambda r: r["running"])]
+    lines += [
+        f"      - {{{_point(r, draft_length)}}}" for r in sorted(points, key=lambda r: r["running"])
+    ]
     return "\n".join(lines)
 
 
@@ -337,14 +340,15 @@ def _with_error(seconds: float | None, error: float | None) -> str:
     return f"{seconds:.4f}" + ("" if error is None else f" ±{100 * error:.1f}%")
 
 
-def _point(r: Row, k: int | None) -> str:
+def _point(r: Row, draft_length: int | None) -> str:
     """One step-time point as the config takes it: the steps, the draft tokens per step of the
-    verify step where not k, the context and what a step gains per token of it."""
+    verify step where not the draft length, the context and what a step gains per token of
+    it."""
     out = [f"running: {r['running']:.2f}", f"plain_seconds: {r['plain_seconds']:.6f}"]
     if r["verify_seconds"] and r.get("verify_drafts") != 0:
         out.append(f"verify_seconds: {r['verify_seconds']:.6f}")
         drafts = r.get("verify_drafts")
-        if drafts is not None and (k is None or abs(drafts - k) > 0.005):
+        if drafts is not None and (draft_length is None or abs(drafts - draft_length) > 0.005):
             out.append(f"verify_drafts: {drafts:.3f}")
     if r.get("draft_seconds"):
         lengths = ", ".join(f"{j}: {x:.6f}" for j, x in sorted(r["draft_seconds"].items()))

@@ -1,4 +1,4 @@
-"""A phase's decode in its steady window as seconds per step, and replicates pooled where they
+"""A phase's decode in its steady span as seconds per step, and replicates pooled where they
 agree: the A/B truth's rule for its rounds (the closest two agree, an outlier is named and never
 averaged in), which `measure` holds each level's speculative and plain phases to
 (`exporter/measure/curve.py`)."""
@@ -15,7 +15,7 @@ AGREE = 0.05  # two replicates agree when their seconds per step are within this
 
 @dataclass(frozen=True, slots=True)
 class Steady:
-    """A phase's decode in its steady window (steps and draft tokens None: not counted)."""
+    """A phase's decode in its steady span (steps and draft tokens None: not counted)."""
 
     tokens: float
     seconds: float
@@ -25,7 +25,7 @@ class Steady:
 
 
 def pooled(parts: list[Steady]) -> Steady:
-    """Phases' steady windows as one: their decode summed, the context by seconds."""
+    """Phases' steady spans as one: their decode summed, the context by seconds."""
     counted = all(p.steps is not None for p in parts)
     known = [p for p in parts if p.context is not None]
     weight = sum(p.seconds for p in known)

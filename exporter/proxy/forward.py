@@ -127,7 +127,7 @@ class Proxy:
             client.close()
         for lingering in list(self._lingering):
             lingering.abort()
-        self.settings.upstream.close()
+        self.settings.pool.close()
 
     @property
     def client_connections(self) -> int:
@@ -137,8 +137,8 @@ class Proxy:
         """A reload: new connections and requests take `settings`; those under way keep
         theirs. A pool left behind is retired (its connections close as their requests end)."""
         old, self.settings = self.settings, settings
-        if settings.upstream is not old.upstream:
-            old.upstream.retire()
+        if settings.pool is not old.pool:
+            old.pool.retire()
         self.budget.limit, self.budget.reserve = (
             settings.config.max_buffered_bytes,
             settings.reserve,
@@ -264,7 +264,7 @@ class Proxy:
             plan = _Plan(
                 uri, body, Watch(settings.config.default_route, started, settings.engine, None)
             )
-        upstream, fields, engine = settings.upstream, end_to_end(request.fields), settings.engine
+        pool, fields, engine = settings.pool, end_to_end(request.fields), settings.engine
         self.stats.in_flight += 1
         return Relay(
             writer,
@@ -276,7 +276,7 @@ class Proxy:
             stats=self.stats,
             faults=self.faults,
             log=self.log,
-            send=lambda receiver: upstream.send(
+            send=lambda receiver: pool.send(
                 method,
                 plan.uri,
                 fields,

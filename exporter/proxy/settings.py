@@ -12,7 +12,7 @@ from exporter.config import ProxyConfig
 from exporter.engines.base import ProxyHooks
 from exporter.proxy.connection import Deadlines
 from exporter.proxy.routes import Router
-from exporter.proxy.upstream import Upstream
+from exporter.proxy.upstream import UpstreamPool
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,7 @@ class Settings:
     config: ProxyConfig
     engine: ProxyHooks  # the upstream's kind: what to ask it for, how its connections behave
     router: Router
-    upstream: Upstream  # the pool: kept across a reload that leaves its address and timeouts
+    pool: UpstreamPool  # kept across a reload that leaves the upstream and its timeouts
     deadlines: Deadlines
 
     @property
@@ -37,14 +37,14 @@ def build(config: ProxyConfig, engine: ProxyHooks, previous: Settings | None = N
     """The settings of `config`; the previous pool where its upstream and timeouts are the same
     (no await: built beside the running settings, nothing of them changed)."""
     where = (config.upstream, config.connect_timeout, config.read_timeout)
-    upstream = (
-        previous.upstream
+    pool = (
+        previous.pool
         if previous is not None
         and where
         == (previous.config.upstream, previous.config.connect_timeout, previous.config.read_timeout)
-        else Upstream(*where)
+        else UpstreamPool(*where)
     )
     deadlines = Deadlines(
         config.header_timeout, config.body_timeout, config.write_timeout, config.idle_timeout
     )
-    return Settings(config, engine, Router(config), upstream, deadlines)
+    return Settings(config, engine, Router(config), pool, deadlines)

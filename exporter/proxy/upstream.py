@@ -79,8 +79,8 @@ class Receiver(Protocol):
         ...
 
 
-class Upstream:
-    """A pool of connections to one `http(s)://host:port`."""
+class UpstreamPool:
+    """A pool of connections to the upstream, one `http(s)://host:port`."""
 
     def __init__(self, url: str, connect_timeout: float, read_timeout: float) -> None:
         parts = urlsplit(url)
@@ -192,7 +192,7 @@ class _Connection(asyncio.BufferedProtocol):
     otherwise, and a read that lands while the client is not reading is held whole in the
     client's transport; at most READ_SIZE is, so a stalled stream pins little."""
 
-    def __init__(self, pool: Upstream) -> None:
+    def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
@@ -260,7 +260,7 @@ class Exchange:
 
     def __init__(
         self,
-        pool: Upstream,
+        pool: UpstreamPool,
         method: str,
         request: Sequence[bytes | memoryview],
         receiver: Receiver,

@@ -101,7 +101,7 @@ class TargetState:
         windows = tuple(
             TargetWindow(
                 window,
-                self.history.span(window, now),
+                self.history.covered(window, now),
                 read_span(self.history.increase(window, now, partial)) if work else NO_WORK,
                 MappingProxyType(self._mean_running(window, now, partial)),
             )

@@ -16,7 +16,7 @@ from exporter.scrape.families import Page, RawSeries, SeriesKey
 
 @dataclass(slots=True)
 class SeriesTotals:
-    """Running sums for one (model_name, engine) series."""
+    """Running sums for one (model_name, rank) series."""
 
     last: RawSeries
     counts: Counts

@@ -109,11 +109,11 @@ class Output:
 class RequestStats:
     """vLLM's RequestSpecDecodeMetrics for one request."""
 
-    k: int
+    draft_length: int
     histogram: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.histogram = self.histogram or [0] * (self.k + 1)  # k + 1 zeros even with no step
+        self.histogram = self.histogram or [0] * (self.draft_length + 1)  # k + 1 zeros, no step
 
     draft_tokens: int = 0
     per_step_accepted: list[int] = field(default_factory=list)
@@ -130,7 +130,7 @@ class RequestStats:
             "num_spec_steps": steps,
             "num_accepted_draft_tokens": accepted,
             "num_draft_tokens": self.draft_tokens,
-            "num_spec_tokens": self.k,
+            "num_spec_tokens": self.draft_length,
         }
         if detailed and self.per_step_accepted:
             result["per_step_accepted"] = self.per_step_accepted
@@ -144,7 +144,7 @@ class SimEngine:
     def __init__(
         self,
         model: str,
-        k: int = 3,
+        draft_length: int = 3,
         data_parallel_size: int = 1,
         speed: float = 1.0,
         seed: int = 0,
@@ -153,13 +153,14 @@ class SimEngine:
         step_time: StepTime = MODEL,
         schedule: Schedule | None = None,
     ) -> None:
-        self.model, self.k, self.engines, self.speed = model, k, data_parallel_size, speed
+        self.model, self.draft_length = model, draft_length
+        self.engines, self.speed = data_parallel_size, speed
         self.adaptive = adaptive  # each step drafts 1..k tokens, as vLLM's adaptive draft length
         # k by the engine's batch at each step, as vLLM's dynamic speculative decoding runs it
         self.schedule = schedule
         self.profiles = dict(profiles or DEFAULT_PROFILES)
-        self.spec = k > 0
-        self.metrics = EngineMetrics(model, data_parallel_size, k, self.spec)
+        self.spec = draft_length > 0
+        self.metrics = EngineMetrics(model, data_parallel_size, draft_length, self.spec)
         self.step_time = step_time
         self.truth: dict[str, Counts] = {}
         self.steps: dict[str, Counter[int]] = {}  # per profile: decode steps by draft length
@@ -173,7 +174,9 @@ class SimEngine:
 
     def restart(self) -> None:
         """Counters back to zero, new `_created` stamps and fingerprint, like a restarted vLLM."""
-        self.metrics = EngineMetrics(self.model, self.engines, self.k, self.k > 0)
+        self.metrics = EngineMetrics(
+            self.model, self.engines, self.draft_length, self.draft_length > 0
+        )
         self.starts += 1
 
     @property
@@ -183,7 +186,7 @@ class SimEngine:
 
     def set_spec(self, on: bool) -> None:
         """Speculation on or off (`spec_off` fault): the counters stay, no drafts are made."""
-        self.spec = on and self.k > 0
+        self.spec = on and self.draft_length > 0
 
     async def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -207,7 +210,7 @@ class SimEngine:
         limit = natural if max_tokens is None else min(natural, max_tokens)
         acceptance = LOOP_ACCEPTANCE if loop else profile.request_acceptance(rng)
         acceptance *= sampled_share(sampling.temperature)
-        chain = profile.conditional(self.k, acceptance) if self.k else ()
+        chain = profile.conditional(self.draft_length, acceptance) if self.draft_length else ()
         words = TEXT.get(profile_name, TEXT["default"])
         emitted, finish, held = 0, None, 0
         e = int(engine)
@@ -289,11 +292,11 @@ class SimEngine:
         steps = self.steps.setdefault(profile, Counter())
         k = 0
         if self.spec:
-            k = self.k
+            k = self.draft_length
             if self.schedule is not None:
-                k = min(self.schedule.draft_length(self.running[int(labels[1])]), self.k)
+                k = min(self.schedule.draft_length(self.running[int(labels[1])]), self.draft_length)
             elif self.adaptive:
-                k = rng.randint(1, self.k)
+                k = rng.randint(1, self.draft_length)
             if cap is not None:
                 k = min(k, cap)
         steps[k] += 1
@@ -316,6 +319,8 @@ class SimEngine:
         stats.draft_tokens += k
         stats.per_step_accepted.append(accepted)
         stats.per_step_drafted.append(k)
-        step = Counts(1, k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.k)))
+        step = Counts(
+            1, k, accepted, tuple(1.0 if p < accepted else 0.0 for p in range(self.draft_length))
+        )
         self.truth[profile] = self.truth.get(profile, Counts()) + step
         return accepted + 1, k

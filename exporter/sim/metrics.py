@@ -20,7 +20,7 @@ LABELS = ("model_name", "engine")
 class EngineMetrics:
     """One engine life's metrics: a restart builds a new one (counters at 0, new `_created`)."""
 
-    def __init__(self, model: str, engines: int, k: int, spec: bool) -> None:
+    def __init__(self, model: str, ranks: int, draft_length: int, spec: bool) -> None:
         self.registry = CollectorRegistry()
         self.started = time.time()
         self.model = model
@@ -70,7 +70,7 @@ class EngineMetrics:
             "num_requests_running", "Number of requests in model execution batches."
         )
         self.waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
-        for engine in map(str, range(engines)):  # vLLM creates every child up front
+        for rank in map(str, range(ranks)):  # vLLM creates every child up front
             for metric in (
                 self.prompt_tokens,
                 self.generation_tokens,
@@ -80,9 +80,9 @@ class EngineMetrics:
                 self.waiting,
                 *(self.spec_counters or ())[:3],
             ):
-                metric.labels(model, engine)
+                metric.labels(model, rank)
             if self.spec_counters is not None:
-                for pos in range(k):
-                    self.spec_counters[3].labels(model, engine, str(pos))
+                for pos in range(draft_length):
+                    self.spec_counters[3].labels(model, rank, str(pos))
             for reason in FINISH_REASONS:
-                self.success.labels(model, engine, reason)
+                self.success.labels(model, rank, reason)

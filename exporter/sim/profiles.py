@@ -54,13 +54,14 @@ class Profile:
             return mean
         return rng.betavariate(mean * c, (1 - mean) * c)
 
-    def conditional(self, k: int, acceptance: float | None = None) -> tuple[float, ...]:
+    def conditional(self, draft_length: int, acceptance: float | None = None) -> tuple[float, ...]:
         """Per-position conditional acceptance q_0..q_{k-1}: the chain whose expected
         acceptance at REFERENCE_DRAFT_LENGTH drafts is `acceptance` (the profile's by default),
         cut or extended to k. A drafter's acceptance at position i does not depend on how many
         positions follow, so a run at another k is what truncating this one predicts."""
         mean = self.acceptance if acceptance is None else acceptance
-        return _chain(_first_position(mean, self.decay, REFERENCE_DRAFT_LENGTH), self.decay, k)
+        first = _first_position(mean, self.decay, REFERENCE_DRAFT_LENGTH)
+        return _chain(first, self.decay, draft_length)
 
 
 def draw(rng: random.Random, conditional: tuple[float, ...]) -> int:
@@ -74,20 +75,20 @@ def draw(rng: random.Random, conditional: tuple[float, ...]) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # per-request acceptances are continuous: bounded
-def _first_position(acceptance: float, decay: float, k: int) -> float:
+def _first_position(acceptance: float, decay: float, draft_length: int) -> float:
     """q_0 (before the cap at 1) of the chain whose expected acceptance at k is `acceptance`."""
-    lo, hi = 0.0, decay ** -(k - 1)  # at hi every q_i is capped at 1: acceptance 1
+    lo, hi = 0.0, decay ** -(draft_length - 1)  # at hi every q_i is capped at 1: acceptance 1
     for _ in range(60):
         mid = (lo + hi) / 2
-        if expected_acceptance(_chain(mid, decay, k)) < acceptance:
+        if expected_acceptance(_chain(mid, decay, draft_length)) < acceptance:
             lo = mid
         else:
             hi = mid
     return (lo + hi) / 2
 
 
-def _chain(q0: float, decay: float, k: int) -> tuple[float, ...]:
-    return tuple(min(1.0, q0 * decay**i) for i in range(k))
+def _chain(q0: float, decay: float, draft_length: int) -> tuple[float, ...]:
+    return tuple(min(1.0, q0 * decay**i) for i in range(draft_length))
 
 
 def expected_acceptance(conditional: tuple[float, ...]) -> float:

@@ -137,7 +137,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         state,
         Shapes(chat, request_id, int(state.clock()), engine.model, engine.fingerprint),
         prompt_tokens=max(1, len(prompt.encode()) // 3),
-        stats=[RequestStats(engine.k) for _ in range(n)],
+        stats=[RequestStats(engine.draft_length) for _ in range(n)],
         started=state.clock(),
     )
     profile = classify(prompt, bool(body.get("tools")))
@@ -171,7 +171,7 @@ class Run:
         level = self.state.per_request
         if level == "none" or self.state.kind != "vllm":
             return None
-        if len(self.stats) != 1 or self.state.engine.k == 0:
+        if len(self.stats) != 1 or self.state.engine.draft_length == 0:
             return None
         return self.stats[0].to_dict(level == "detailed", whole)
 
@@ -238,7 +238,10 @@ class Run:
             await resp.prepare(request)
         head = self.shapes.head
         if self.state.kind == "sglang":
-            flag = body.get("return_spec_tokens_details") is True and self.state.engine.k > 0
+            flag = (
+                body.get("return_spec_tokens_details") is True
+                and self.state.engine.draft_length > 0
+            )
             sgl = SglangShapes(chat, head["id"], head["created"], head["model"])
             whole = await self._sglang(sgl, resp, outputs, flag, final_usage)
         else:

@@ -25,7 +25,7 @@ FAST = 1e9  # the simulator's speed: its sleeps take no time
 
 async def run(profile: str, k: int, batch: int, seed: int) -> SimEngine:
     """`REQUESTS` requests of one profile, `batch` at a time, on a simulator with k drafts."""
-    engine = SimEngine("m", k=k, speed=FAST, seed=seed)
+    engine = SimEngine("m", draft_length=k, speed=FAST, seed=seed)
     queue = list(range(REQUESTS))
 
     async def client() -> None:

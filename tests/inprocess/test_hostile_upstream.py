@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from exporter.proxy.upstream import Upstream
+from exporter.proxy.upstream import UpstreamPool
 from exporter.sidecar import Sidecar
 from harness.helpers import http_get, need_tool, until
 from harness.rig import sidecar
@@ -164,17 +164,17 @@ async def test_bytes_an_upstream_writes_on_an_idle_connection_reach_no_client() 
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    upstream = Upstream(f"http://127.0.0.1:{listener.getsockname()[1]}", 5, 5)
+    pool = UpstreamPool(f"http://127.0.0.1:{listener.getsockname()[1]}", 5, 5)
     first, second = Gather(), Gather()
-    upstream.send("GET", "/first", [], b"", first)
+    pool.send("GET", "/first", [], b"", first)
     assert (await first.response())[1] == b"/first"
-    await until(lambda: upstream.idle_connections == 1)
+    await until(lambda: pool.idle_connections == 1)
     forge.set()
     assert forged.wait(10)  # the loop is held: no read of the forged bytes yet
     time.sleep(0.05)  # loopback delivery; the loop is deliberately not run meanwhile
-    upstream.send("GET", "/second", [], b"", second)
+    pool.send("GET", "/second", [], b"", second)
     assert (await second.response())[1] == b"/second"
-    upstream.close()
+    pool.close()
     listener.close()
     thread.join(10)
 

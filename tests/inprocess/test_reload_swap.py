@@ -77,7 +77,7 @@ async def test_in_flight_keeps_its_settings_and_the_next_on_its_connection_takes
         before = side.proxy.settings
         side.apply(dataclasses.replace(old, proxy=new_proxy))
         assert side.proxy.settings is not before  # one pointer, swapped
-        assert side.proxy.settings.upstream is before.upstream  # same upstream: same pool
+        assert side.proxy.settings.pool is before.pool  # same upstream: same pool
 
         gate.set()
         assert (await response(reader))[0] == 200

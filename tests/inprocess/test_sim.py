@@ -22,7 +22,7 @@ CODE = [{"role": "user", "content": "Write a Python function that parses a durat
 
 @pytest.fixture
 async def sim() -> AsyncIterator[TestClient[Any, Any]]:
-    engine = SimEngine("sim-27b", k=3, data_parallel_size=2, speed=1000, seed=7)
+    engine = SimEngine("sim-27b", draft_length=3, data_parallel_size=2, speed=1000, seed=7)
     async with TestClient(TestServer(build_app(engine, "detailed"))) as client:
         yield client
 

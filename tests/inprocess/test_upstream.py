@@ -9,7 +9,7 @@ import hashlib
 import aiohttp
 import pytest
 
-from exporter.proxy.upstream import Upstream
+from exporter.proxy.upstream import UpstreamPool
 from harness.helpers import eventually
 from harness.rig import sidecar
 from harness.scripted import ok, scripted
@@ -22,12 +22,12 @@ async def test_one_connection_serves_request_after_request() -> None:
         return True
 
     async with scripted(respond) as (url, connections):
-        upstream = Upstream(url, connect_timeout=5, read_timeout=5)
+        pool = UpstreamPool(url, connect_timeout=5, read_timeout=5)
         for i in range(5):
             receiver = Gather()
-            upstream.send("GET", f"/n/{i}", [], b"", receiver)
+            pool.send("GET", f"/n/{i}", [], b"", receiver)
             assert (await receiver.response())[1] == f"/n/{i}".encode()
-        upstream.close()
+        pool.close()
     assert len(connections) == 1
 
 
@@ -40,21 +40,21 @@ async def test_a_pooled_connection_the_upstream_closed_while_idle_is_never_writt
         return False  # and close: the connection the proxy pools is gone
 
     async with scripted(respond) as (url, connections):
-        upstream = Upstream(url, connect_timeout=5, read_timeout=5)
+        pool = UpstreamPool(url, connect_timeout=5, read_timeout=5)
         first, second = Gather(), Gather()
-        upstream.send("POST", "/first", [], b"{}", first)
+        pool.send("POST", "/first", [], b"{}", first)
         assert (await first.response())[1] == b"one"
-        await eventually(lambda: ready(upstream), timeout=5)  # the close is on its way
-        upstream.send("POST", "/second", [], b"{}", second)
+        await eventually(lambda: ready(pool), timeout=5)  # the close is on its way
+        pool.send("POST", "/second", [], b"{}", second)
         assert (await second.response())[1] == b"two"
-        upstream.close()
+        pool.close()
     assert len(connections) == 2
 
 
-async def ready(upstream: Upstream) -> bool | None:
+async def ready(pool: UpstreamPool) -> bool | None:
     """The pooled connection's close has reached this side (it may not have been read yet)."""
     await asyncio.sleep(0)
-    idle = upstream._idle  # the test looks, the pool decides
+    idle = pool._idle  # the test looks, the pool decides
     return not idle or not idle[0].usable(asyncio.get_running_loop().time()) or None
 
 
@@ -116,7 +116,7 @@ async def test_a_slow_client_pauses_upstream_reads_and_loses_nothing() -> None:
         aiohttp.ClientSession() as session,
     ):
         assert side.proxy is not None
-        pool = side.proxy.settings.upstream
+        pool = side.proxy.settings.pool
         async with session.get(proxy + "/bulk") as resp:
             assert resp.status == 200
 
@@ -147,9 +147,9 @@ async def test_bodiless_statuses_end_without_a_body(status: int) -> None:
         return True
 
     async with scripted(respond) as (url, _):
-        upstream = Upstream(url, connect_timeout=5, read_timeout=5)
+        pool = UpstreamPool(url, connect_timeout=5, read_timeout=5)
         receiver = Gather()
-        upstream.send("GET", "/", [], b"", receiver)
+        pool.send("GET", "/", [], b"", receiver)
         head, body = await receiver.response()
         assert body == b"" and head.get("x-kept") == "yes"
-        upstream.close()
+        pool.close()

@@ -191,7 +191,7 @@ def test_a_busy_port_is_one_line_and_exit_2(flag: str) -> None:
 
 
 SCHEDULE_LINE = re.compile(
-    r"^schedule\s+batch ([\d.]+) in band (\d+)-(\d+): k = (\d); drafts per step since the last "
+    r"^schedule\s+batch ([\d.]+) in range (\d+)-(\d+): k = (\d); drafts per step since the last "
     r"line: voice_chat ([\d.-]+), coding_agent ([\d.-]+)$"
 )
 
@@ -204,7 +204,7 @@ def test_the_demo_runs_a_schedule_and_shows_the_k_in_effect(
     concurrency: int, schedule: str, k: str
 ) -> None:
     """advise -> apply -> verify on a laptop: two clients per workload at concurrency 1 make a
-    batch of about 2 (band 2-7: k = 2), 12 at concurrency 6 (band 8-256: no drafts, 0.00)."""
+    batch of about 2 (range 2-7: k = 2), 12 at concurrency 6 (range 8-256: no drafts, 0.00)."""
     ports = [str(free_port()) for _ in range(3)]
     done = subprocess.run(
         specdec("demo", "--sim-port", ports[0], "--sidecar-port", ports[1], "--proxy-port",

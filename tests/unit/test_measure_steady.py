@@ -1,4 +1,4 @@
-"""The step-time curve counts only the steady part of a level (`Phase.window`): from the time
+"""The step-time curve counts only the steady span of a level (`Phase.steady_span`): from the time
 the first cohort has turned over to the time a worker first finds nothing left, each request
 with the part of its decode inside. The tail, as the batch drains, ran on a GPU llama-server at
 16-30 ms a token against 11-16 ms steady; and counting only the requests that ended before the
@@ -87,7 +87,7 @@ def test_the_curve_counts_the_decode_inside_the_steady_window() -> None:
     (200 tok/s, 1-2 s) and a slow one (50 tok/s, 1.2-3.2 s) run together: each counts with
     its part inside, where counting only the requests that ended inside would read 200."""
     phase = _phase([(0, 1, 100), (0, 1.2, 100), (1, 2, 200), (1.2, 3.2, 100)], 2, dry_at=2.2)
-    assert phase.window() == (1.2, 2.2)
+    assert phase.steady_span() == (1.2, 2.2)
     tokens, seconds, steps = phase.decode()
     assert tokens == pytest.approx(160 + 50)  # 0.8 s of the fast one, 1 s of the slow one
     assert seconds == pytest.approx(1.8)
@@ -100,7 +100,7 @@ def test_without_a_steady_window_the_whole_phase_counts() -> None:
     spans = [(0, 1, 100), (0, 2, 100)]
     for workers, dry_at in ((2, None), (3, 5.0), (2, 1.5)):
         phase = _phase(spans, workers, dry_at)
-        assert phase.window() is None
+        assert phase.steady_span() is None
         tokens, seconds, _ = phase.decode()
         assert (tokens, seconds) == (pytest.approx(200), pytest.approx(3.0))
 

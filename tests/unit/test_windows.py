@@ -98,8 +98,8 @@ def test_a_window_longer_than_the_history_has_no_figure_unless_asked_for_as_part
         # ...unless the caller takes the partial span (t=0 to t=120, 12 steps) and says so
         inc = steady.history.increase(window, 120.0, partial=True)
         assert inc == {KEY: Counts(1200.0, 3600.0, 1800.0, (840.0, 600.0, 360.0))}
-        assert steady.history.span(window, 120.0) == 120.0
-    assert steady.history.span(M1, 120.0) == 60.0
+        assert steady.history.covered(window, 120.0) == 120.0
+    assert steady.history.covered(M1, 120.0) == 60.0
 
 
 def test_now_between_snapshots(steady):
