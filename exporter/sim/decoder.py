@@ -13,7 +13,9 @@ running requests, the tokens they hold in their KV and the prefill chunks riding
 (72 tok/s plain and 1.78 plain steps per verify step at k = 3 single-stream; the payoff shrinks
 as the batch grows, and moves as contexts grow). A request waits 50-100 ms to be scheduled,
 then its prompt is prefilled in chunks of PREFILL_CHUNK tokens, one a step, in the others'
-decode steps (vLLM's chunked prefill). `speed` divides every delay. The engine also keeps, per
+decode steps (vLLM's chunked prefill). `speed` divides every delay; each request keeps its own
+timeline (`Pace`), so a late wake-up on a busy host shortens its next wait instead of adding to
+the modelled seconds. The engine also keeps, per
 profile, what speculation really paid: every verify step's seconds beside the seconds a plain
 step would have taken in the same state (`payoff`, the A/B truth at the load).
 """
@@ -140,6 +142,21 @@ class RequestStats:
         return result
 
 
+class Pace:
+    """One request's timeline: each delay is due when the previous one was due plus its seconds
+    / speed, not when the previous wait happened to end. A host that wakes the request late (a
+    busy core, another test's process) takes that lateness out of the next wait, so the request
+    keeps the modelled seconds as long as the host keeps up on average, at any `speed`."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed, self.due = speed, time.monotonic()
+
+    async def wait(self, seconds: float) -> None:
+        if seconds > 0:
+            self.due += seconds / self.speed
+            await asyncio.sleep(max(0.0, self.due - time.monotonic()))
+
+
 class SimEngine:
     def __init__(
         self,
@@ -188,10 +205,6 @@ class SimEngine:
         """Speculation on or off (`spec_off` fault): the counters stay, no drafts are made."""
         self.spec = on and self.draft_length > 0
 
-    async def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            await asyncio.sleep(seconds / self.speed)
-
     async def generate(
         self, profile_name: str, prompt_tokens: int, sampling: Sampling, stats: RequestStats
     ) -> AsyncGenerator[Output]:
@@ -217,8 +230,9 @@ class SimEngine:
         self._running(engine, +1)
         try:
             start = time.monotonic()
-            await self.sleep(rng.uniform(0.05, 0.10))
-            await self._prefill(e, prompt_tokens)
+            pace = Pace(self.speed)
+            await pace.wait(rng.uniform(0.05, 0.10))
+            await self._prefill(e, prompt_tokens, pace)
             held = prompt_tokens
             self.held[e] += held
             self.metrics.prompt_tokens.labels(*labels).inc(prompt_tokens)
@@ -231,7 +245,7 @@ class SimEngine:
                         profile.name, chain, rng, labels, stats, limit - emitted,
                         sampling.draft_length,
                     )  # fmt: skip
-                    await self.sleep(self._timed(profile.name, engine, count, drafted))
+                    await pace.wait(self._timed(profile.name, engine, count, drafted))
                     self.metrics.itl.labels(*labels).observe(time.monotonic() - step_start)
                 tokens = [
                     words[(emitted + i) % len(words)] for i in range(min(count, limit - emitted))
@@ -249,7 +263,7 @@ class SimEngine:
             self.held[e] -= held
             self._running(engine, -1)
 
-    async def _prefill(self, engine: int, prompt_tokens: int) -> None:
+    async def _prefill(self, engine: int, prompt_tokens: int, pace: Pace) -> None:
         """The prompt in chunks, each riding in one step of the engine (its seconds as a plain
         step's in the engine's state, the chunk in it)."""
         left = prompt_tokens
@@ -258,7 +272,7 @@ class SimEngine:
             self.prefilling[engine] += chunk
             state = (self.running[engine], self.held[engine], self.prefilling[engine])
             try:
-                await self.sleep(self.step_time.plain(*state))
+                await pace.wait(self.step_time.plain(*state))
             finally:
                 self.prefilling[engine] -= chunk
             left -= chunk
