@@ -21,7 +21,7 @@ rules:
 dashboards:
 	$(PY) -m exporter dashboards
 
-previews:  # docs/img/*.png from a live stack with a scripted acceptance drop (~17 min)
+previews:  # docs/img/*.png: the live stack, a scripted acceptance drop, harness.previews (~17 min)
 	$(PY) -m tests.integration.render_previews
 
 check:  # the generated files are what their sources produce

@@ -1,2 +1,6 @@
-"""Rules, alerts and dashboards as code: one PromQL definition serves recording rules, panels
-and the cookbook alike (queries/), kept apart from layout."""
+"""The monitoring mixin, laid out as kubernetes-mixin is: one config (config.py: selectors,
+thresholds, `for:` durations, the dashboards' uid, tags and data source), and beside it the
+alerts (alerts.py), the recording rules (rules.py) and the Grafana boards (boards/), all built
+from one set of PromQL definitions (queries/), which the cookbook shows too. cli.py gives
+`specdec rules` and `specdec dashboards`; the generated files are deploy/prometheus/rules/*.yml
+and dashboards/*.json."""

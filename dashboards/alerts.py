@@ -2,7 +2,7 @@
 few unusual requests never cry wolf.
 
 Each alert links to its section of docs/runbooks.md. Thresholds, windows, `for` durations and
-job names come from the mixin config (dashboards/mixin.py), once.
+job names come from the mixin config (dashboards/config.py), once.
 bench/alert_quality.py measures the drop alert's detection time and false firings.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.mixin import Mixin
+from dashboards.config import Mixin
 from dashboards.queries import slices
 from dashboards.queries.moments import rule_name
 from dashboards.queries.spec import ROUTES

@@ -1,7 +1,8 @@
 """`specdec rules` and `specdec dashboards`: the generated Prometheus rules and Grafana JSON.
 
 A plugin of the command line, found through the `specdec.verbs` entry point (pyproject.toml):
-the product package never imports the dashboards, which build on its config and queries."""
+exporter/ never imports the mixin, which builds on its config reader. The PNG previews are a
+docs tool outside the wheel: `python3 -m harness.previews` (a checkout)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporter.core.durations import parse_duration
 from exporter.verbs import EXIT_USAGE, AddVerb
 
 EXIT_STALE = 1
@@ -43,10 +43,9 @@ def register(add_verb: AddVerb) -> None:
     p.set_defaults(run=rules)
     d = add_verb(
         "dashboards",
-        help="generate, check or preview the Grafana dashboards",
+        help="generate or check the Grafana dashboards",
         description="Write the Grafana dashboards (dashboards/<uid>.json) from their grafanalib "
-        "sources; --check compares instead of writing; --preview renders PNGs from a live "
-        "Prometheus.",
+        "sources (dashboards/boards); --check compares instead of writing.",
     )
     d.add_argument(
         "--check",
@@ -57,46 +56,21 @@ def register(add_verb: AddVerb) -> None:
         "--out",
         type=Path,
         metavar="DIR",
-        help="where the JSON goes (default: next to the sources, the dashboards package)",
-    )
-    d.add_argument(
-        "--preview",
-        type=Path,
-        metavar="DIR",
-        help="render one PNG per dashboard into DIR (needs matplotlib and --prometheus)",
-    )
-    d.add_argument(
-        "--prometheus",
-        default="http://127.0.0.1:9090",
-        metavar="URL",
-        help="Prometheus to query for --preview (default http://127.0.0.1:9090)",
-    )
-    d.add_argument(
-        "--range",
-        default="1h",
-        metavar="DURATION",
-        help="time range of the preview's time series, e.g. 15m, 1h (default 1h)",
+        help="where the JSON goes (default: dashboards/, where it is committed)",
     )
     d.add_argument("--config", type=Path, metavar="FILE", help=CONFIG_HELP)
-    d.add_argument(
-        "--var",
-        action="append",
-        default=[],
-        metavar="NAME=REGEX",
-        help="a dashboard variable's value for --preview, e.g. job=specdec (default .*, All)",
-    )
     d.set_defaults(run=dashboards)
 
 
 def _mixin(args: argparse.Namespace) -> Any:
     """The --config file's mixin, the defaults without one; None after printing its errors."""
-    from dashboards import mixin
+    from dashboards.config import DEFAULT, load
     from exporter.config import ConfigError
 
     if args.config is None:
-        return mixin.DEFAULT
+        return DEFAULT
     try:
-        return mixin.load(args.config)
+        return load(args.config)
     except ConfigError as exc:
         for message in exc.messages:
             print(f"specdec {args.verb}: config error: {message}", file=sys.stderr)
@@ -122,13 +96,11 @@ def _verdict(path: Path) -> str:
 
 
 def dashboards(args: argparse.Namespace) -> int:
-    from dashboards import build
+    from dashboards.boards import build
 
     mix = _mixin(args)
     if mix is None:
         return EXIT_USAGE
-    if args.preview is not None:
-        return _preview(args, mix)
     out = args.out or build.DIRECTORY
     changed = build.write(out, check=args.check, mix=mix)
     for path in changed:
@@ -139,26 +111,3 @@ def dashboards(args: argparse.Namespace) -> int:
         else:
             print(f"{path}: differs from the dashboard sources; run `specdec dashboards`")
     return EXIT_STALE if args.check and changed else 0
-
-
-def _preview(args: argparse.Namespace, mix: Any) -> int:
-    from dashboards import build
-    from dashboards.live import PrometheusError
-
-    try:
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
-    except ImportError:
-        print(
-            "specdec dashboards --preview needs matplotlib: pip install matplotlib "
-            "(or the project's test extra)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    try:
-        values, range_s = build.variables(args.var), parse_duration(args.range)
-        for path in build.previews(args.prometheus, args.preview, values, range_s, mix):
-            print(f"wrote {path}")
-    except (PrometheusError, ValueError) as exc:
-        print(f"specdec dashboards --preview: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return 0

@@ -12,9 +12,9 @@ from typing import Any
 import yaml
 
 from dashboards.alerts import acceptance_drop, alert_groups
-from dashboards.labels import RULE_WINDOWS
-from dashboards.mixin import DEFAULT, Mixin, seconds
+from dashboards.config import DEFAULT, Mixin, seconds
 from dashboards.queries import moments, slices, spec
+from dashboards.queries.labels import RULE_WINDOWS
 from dashboards.queries.moments import rule_name
 
 DASHBOARD_WINDOW = "5m"  # the Requests dashboard's band

@@ -174,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs = None
     if args.config:
         sys.path.insert(0, str(ROOT))
-        from dashboards import mixin
+        from dashboards.config import load
         from exporter.config import ConfigError
 
         try:
-            mix = mixin.load(args.config)
+            mix = load(args.config)
         except ConfigError as exc:
             print("\n".join(f"config error: {m}" for m in exc.messages), file=sys.stderr)
             return 2

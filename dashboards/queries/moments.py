@@ -23,9 +23,9 @@ tiny SE).
 
 from __future__ import annotations
 
-from dashboards.labels import ROUTE
-from dashboards.promql import by, ratio, sum_rate
 from dashboards.queries import spec
+from dashboards.queries.labels import ROUTE
+from dashboards.queries.promql import by, ratio, sum_rate
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS, T_975_TERMS
 
 EXACT = 'source="exact"'

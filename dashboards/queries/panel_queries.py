@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
-from dashboards.labels import ENGINE
-from dashboards.promql import by, ratio, sum_rate
 from dashboards.queries import moments, slices, spec
+from dashboards.queries.labels import ENGINE
+from dashboards.queries.promql import by, ratio, sum_rate
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 
 RATE = "$__rate_interval"

@@ -14,8 +14,8 @@ Rates summed over replicas first, then divided, as every ratio here.
 
 from __future__ import annotations
 
-from dashboards.labels import ROUTE
-from dashboards.promql import ratio, sum_rate
+from dashboards.queries.labels import ROUTE
+from dashboards.queries.promql import ratio, sum_rate
 
 DIMENSION = (*ROUTE, "dimension")
 BAND = (*DIMENSION, "band")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboards.labels import ENGINE, ROUTE
-from dashboards.promql import by, ratio, sum_rate
+from dashboards.queries.labels import ENGINE, ROUTE
+from dashboards.queries.promql import by, ratio, sum_rate
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,6 @@ def broken(data: JSON) -> dict[str, JSON]:
 
 
 if __name__ == "__main__":
-    from dashboards.build import dashboards
+    from dashboards.boards.build import dashboards
 
     print(write(dashboards()))

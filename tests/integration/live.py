@@ -27,7 +27,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dashboards.live import (
+from dashboards.boards.panels import JSON
+from dashboards.rules import RULES_DIR as SHIPPED_RULES_DIR
+from exporter.core.durations import parse_duration
+from harness.helpers import child, free_port, need_tool, wait_for
+from harness.previews.live import (
     PrometheusError,
     annotation_queries,
     instant,
@@ -35,10 +39,6 @@ from dashboards.live import (
     resolve_variables,
     substitute,
 )
-from dashboards.panels import JSON
-from dashboards.rules import RULES_DIR as SHIPPED_RULES_DIR
-from exporter.core.durations import parse_duration
-from harness.helpers import child, free_port, need_tool, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / SHIPPED_RULES_DIR

@@ -1,7 +1,8 @@
 """Re-render docs/img/*.png (the README's preview): the tests' live stack at real speed (the
 demo with a day of backfilled history, Debian's Prometheus with the shipped rules), eight
 quiet minutes, then voice_chat's acceptance at 15 % for eight more (SpecDecodeAcceptanceDrop
-fires), rendered over the last 20 minutes. About 17 minutes; `make previews`."""
+fires), rendered over the last 20 minutes by the docs tool (harness/previews). About 17
+minutes; `make previews`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dashboards.build import dashboards
-from dashboards.preview import preview
+from dashboards.boards.build import dashboards
+from harness.previews.render import preview
 from tests.integration.live import REPO, live_stack, post_json
 
 QUIET_S = DROPPED_S = 8 * 60

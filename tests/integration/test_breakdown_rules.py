@@ -14,7 +14,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboards.mixin import DEFAULT
+from dashboards.config import DEFAULT
 from dashboards.queries.slices import change_rule
 from exporter.accounting.ledger import Accounting, RequestOutcome
 from exporter.config import Breakdown

@@ -1,6 +1,6 @@
 """The Grafana dashboards: committed JSON up to date, Grafana's schema types accept it (tsc),
 every panel query returns data from a live Prometheus scraping the demo bundle, and the PNG
-preview renders.
+preview (the docs tool, harness/previews) renders.
 
 No Grafana can be installed here, so the JSON is checked against Grafana's own TypeScript types
 (npm @grafana/schema) and every query against Debian's prometheus, which scrapes a simulator +
@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.build import dashboards
-from dashboards.encode import (
+from dashboards.boards.build import dashboards
+from dashboards.boards.encode import (
     OLD_DASHBOARD_KEYS,
     OLD_PANEL_KEYS,
     OLD_VARIABLE_KEYS,
 )
-from dashboards.live import instant, panel_queries, range_query, resolve_variables, substitute
-from dashboards.mixin import DEFAULT
+from dashboards.config import DEFAULT
 from dashboards.queries import panel_queries as Q
 from harness.helpers import need_tool
+from harness.previews.live import instant, panel_queries, range_query, resolve_variables, substitute
 from tests.dashboards_ts import generate
 from tests.integration.live import (
     LEVELS,
@@ -183,8 +183,8 @@ def test_legends_and_titles_name_what_they_show(live: Live) -> None:
     once per value, as in Grafana): no title keeps a `$variable`, every {{label}} of a legend
     is a label of its series, and no two series of one panel share a legend (two routes
     under one "acceptance")."""
-    from dashboards.preview import _repeated, _with_values
-    from dashboards.preview_draw import legend
+    from harness.previews.draw import legend
+    from harness.previews.render import _repeated, _with_values
 
     url = live.prometheus
     assert not panels_without_data(url, dashboards(), {}, DATA_DEADLINE, live.started)
@@ -241,9 +241,7 @@ def test_preview_renders_a_png_per_dashboard(live: Live, tmp_path: Path) -> None
         [
             sys.executable,
             "-m",
-            "exporter",
-            "dashboards",
-            "--preview",
+            "harness.previews",
             str(tmp_path),
             "--prometheus",
             prometheus,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import engine, payoff
-from dashboards.live import substitute
+from dashboards.boards import engine, payoff
 from dashboards.queries import panel_queries as Q
 from harness.helpers import need_tool
+from harness.previews.live import substitute
 
 pytestmark = pytest.mark.promtool
 

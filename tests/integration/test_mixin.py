@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import mixin
-from dashboards.build import dashboards
+from dashboards.boards.build import dashboards
+from dashboards.config import DEFAULT, Mixin, load
 from harness.helpers import need_tool
 from tests.integration.live import MODEL, REPO, Live, live_stack, panels_without_data
 
@@ -30,10 +30,10 @@ runbook_url: {RUNBOOK}
 dashboards:
   uid_prefix: llm-spec
 """
-DEFAULT_RUNBOOK = mixin.DEFAULT.runbook_url
+DEFAULT_RUNBOOK = DEFAULT.runbook_url
 
 
-def generate(tmp: Path) -> tuple[Path, mixin.Mixin]:
+def generate(tmp: Path) -> tuple[Path, Mixin]:
     config = tmp / "mixin.yaml"
     config.write_text(CONFIG, encoding="utf-8")
     for verb, where in (("rules", ["--root", str(tmp)]), ("dashboards", ["--out", str(tmp)])):
@@ -44,13 +44,13 @@ def generate(tmp: Path) -> tuple[Path, mixin.Mixin]:
             timeout=120,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-    return tmp / "deploy" / "prometheus" / "rules", mixin.load(config)
+    return tmp / "deploy" / "prometheus" / "rules", load(config)
 
 
 def test_the_config_changes_what_it_says_and_nothing_else(tmp_path: Path) -> None:
     rules, mix = generate(tmp_path)
     assert mix.sidecar_job == JOB and mix.acceptance_drop.fraction == 0.35
-    assert mix.acceptance_drop.z == mixin.DEFAULT.acceptance_drop.z  # the rest: defaults
+    assert mix.acceptance_drop.z == DEFAULT.acceptance_drop.z  # the rest: defaults
     for name in ("specdec-recording.yml", "specdec-alerts.yml"):
         ours = (rules / name).read_text(encoding="utf-8")
         shipped = (REPO / "deploy/prometheus/rules" / name).read_text(encoding="utf-8")
@@ -101,7 +101,7 @@ def test_promtool_accepts_the_rules_and_passes_the_unit_tests_rewritten(tmp_path
 
 
 @pytest.fixture(scope="module")
-def renamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Live, mixin.Mixin]]:
+def renamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Live, Mixin]]:
     tmp = tmp_path_factory.mktemp("mixin")
     rules, mix = generate(tmp)
     with live_stack(tmp, sorted(rules.glob("*.yml")), sidecar_job=JOB) as stack:
@@ -109,7 +109,7 @@ def renamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Live, mi
 
 
 def test_every_panel_returns_data_with_the_sidecar_under_another_job(
-    renamed: tuple[Live, mixin.Mixin],
+    renamed: tuple[Live, Mixin],
 ) -> None:
     live, mix = renamed
     assert live.query(f'up{{job="{JOB}"}} == 1'), "the sidecar is not scraped under its job"

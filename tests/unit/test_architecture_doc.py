@@ -1,6 +1,7 @@
-"""docs/architecture.md names every module under exporter/ and dashboards/, and every module it
-names exists, its glossary's names resolve, each concept it fixes has one row, and the code
-declares none of the names it retired: the map cannot drift from the tree, nor the names."""
+"""docs/architecture.md names every module under exporter/, dashboards/ and harness/previews/
+(the dashboards' docs tool), and every module it names exists, its glossary's names resolve,
+each concept it fixes has one row, and the code declares none of the names it retired: the map
+cannot drift from the tree, nor the names."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
-NAMED = re.compile(r"`((?:exporter|dashboards)/[\w/]+\.py)`")
+NAMED = re.compile(r"`((?:exporter|dashboards|harness/previews)/[\w/]+\.py)`")
+MAPPED = ("exporter", "dashboards", "harness/previews")
 
 
 def test_every_module_is_named_and_every_named_module_exists() -> None:
-    tree = {
-        str(p.relative_to(ROOT))
-        for p in [*ROOT.glob("exporter/**/*.py"), *ROOT.glob("dashboards/**/*.py")]
-    }
+    tree = {str(p.relative_to(ROOT)) for top in MAPPED for p in ROOT.glob(f"{top}/**/*.py")}
     named = set(NAMED.findall(DOC.read_text(encoding="utf-8")))
     assert not tree - named, f"modules docs/architecture.md does not name: {sorted(tree - named)}"
     assert not named - tree, (

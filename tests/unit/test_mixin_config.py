@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards import engine, health, mixin, payoff, requests
+from dashboards.boards import engine, health, payoff, requests
+from dashboards.config import DEFAULT, NAMES, load
 from exporter.config import ConfigError
 
 from .pages import FIXTURES
@@ -27,7 +28,7 @@ def test_the_documented_file_is_the_defaults(tmp_path: Path) -> None:
     assert block is not None
     path = tmp_path / "mixin.yaml"
     path.write_text(block.group(1), encoding="utf-8")
-    assert mixin.load(path) == mixin.DEFAULT
+    assert load(path) == DEFAULT
     # every key is shown: changing each documented value changes the result
     assert len(block.group(1).splitlines()) >= 30
 
@@ -35,22 +36,22 @@ def test_the_documented_file_is_the_defaults(tmp_path: Path) -> None:
 def test_an_empty_file_and_a_partial_file(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing\n", encoding="utf-8")
-    assert mixin.load(empty) == mixin.DEFAULT
+    assert load(empty) == DEFAULT
     partial = tmp_path / "partial.yaml"
     partial.write_text(
         "sidecar_job: vllm-sidecar\nacceptance_drop: {fraction: 0.35}\nfor: {target_down: 5m}\n",
         encoding="utf-8",
     )
-    mix = mixin.load(partial)
+    mix = load(partial)
     assert mix.sidecar_selector == 'job="vllm-sidecar"'
     assert mix.acceptance_drop.fraction == 0.35
-    assert mix.acceptance_drop.windows == mixin.DEFAULT.acceptance_drop.windows
+    assert mix.acceptance_drop.windows == DEFAULT.acceptance_drop.windows
     assert mix.for_.target_down == "5m" and mix.for_.exporter_down == "2m"
     assert mix.runbook("SpecDecodeAcceptanceDrop").endswith("runbooks.md#specdecodeacceptancedrop")
 
 
 def test_the_uid_names_are_the_dashboards() -> None:
-    assert {m.NAME for m in (payoff, requests, engine, health)} == set(mixin.NAMES)
+    assert {m.NAME for m in (payoff, requests, engine, health)} == set(NAMES)
 
 
 def test_the_bad_mixin_folder_is_complete() -> None:
@@ -63,7 +64,7 @@ def test_the_bad_mixin_folder_is_complete() -> None:
 def test_bad_mixin(path: Path) -> None:
     expected = path.with_suffix(".expected").read_text(encoding="utf-8").strip().splitlines()
     with pytest.raises(ConfigError) as info:
-        mixin.load(path)
+        load(path)
     lines = str(info.value).splitlines()
     assert len(lines) == len(expected), lines
     for got, want in zip(lines, expected, strict=True):

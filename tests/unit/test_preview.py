@@ -1,16 +1,24 @@
 """What the previews (and Grafana) show: tick labels that tell the ticks apart, no "c/s"
 unit, one unit per graph (memory and file descriptors apart), and the speedup panel's
-break-even line as a series with a legend entry."""
+break-even line as a series with a legend entry; and the previews stay a docs tool, out of
+the wheel, with a command line of their own."""
 
 from __future__ import annotations
 
-import pytest
+import re
+import tomllib
+from pathlib import Path
 
-from dashboards.build import dashboards
-from dashboards.panels import JSON, PER_SECOND
+import pytest
+from setuptools import find_namespace_packages
+
+from dashboards.boards.build import dashboards
+from dashboards.boards.panels import JSON, PER_SECOND
 
 # the formatter needs matplotlib (a test extra)
-from dashboards.preview_draw import fmt_value, formatter
+from harness.previews.draw import fmt_value, formatter
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def panels() -> list[JSON]:
@@ -63,8 +71,8 @@ def test_the_speedup_break_even_is_a_series_with_a_legend_entry() -> None:
 
 def test_a_table_cell_shows_its_value_mapping_as_grafana_does() -> None:
     """The Requests table's Confidence column maps 0 -> "ok", 1 -> "low confidence"."""
-    from dashboards.live import Query
-    from dashboards.preview_draw import table_rows
+    from harness.previews.draw import table_rows
+    from harness.previews.live import Query
 
     (table,) = [p for p in panels() if p["title"] == "Routes: acceptance with its 95 % interval"]
     queries = [
@@ -79,3 +87,38 @@ def test_a_table_cell_shows_its_value_mapping_as_grafana_does() -> None:
     header, body, _ = table_rows(table, results)
     column = header.index("Confidence")
     assert [row[column] for row in body] == ["ok", "low confidence"], (header, body)
+
+
+def test_the_wheel_ships_no_preview_code() -> None:
+    """pyproject's package discovery (namespace packages, its include list) finds no package of
+    the harness; nothing it ships imports the harness, and the mixin draws nothing (matplotlib
+    stays `specdec measure --plot`'s)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = find_namespace_packages(str(ROOT), include=include)
+    assert "dashboards.boards" in shipped and "exporter.core" in shipped, shipped
+    assert not [p for p in shipped if not p.startswith(("exporter", "dashboards"))], shipped
+    wrong = [
+        str(path.relative_to(ROOT))
+        for package in shipped
+        for path in (ROOT / package.replace(".", "/")).glob("*.py")
+        if re.search(
+            r"^\s*(?:from|import) (?:harness|matplotlib)\b"
+            if package.startswith("dashboards")
+            else r"^\s*(?:from|import) harness\b",
+            path.read_text(encoding="utf-8"),
+            re.MULTILINE,
+        )
+    ]
+    assert not wrong, wrong
+
+
+def test_the_previews_command_names_a_prometheus_it_cannot_reach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.previews.__main__ import main
+
+    assert main([str(tmp_path), "--prometheus", "http://127.0.0.1:9", "--range", "5m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("previews: cannot query Prometheus at http://127.0.0.1:9"), err
+    assert not list(tmp_path.iterdir())

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards import variables as V
-from dashboards.mixin import Mixin
-from dashboards.panels import (
+from dashboards.boards import variables as V
+from dashboards.boards.panels import (
     COUNT,
     GREEN,
     ORANGE,
@@ -27,6 +26,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
+from dashboards.config import Mixin
 from dashboards.queries import panel_queries as Q
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 

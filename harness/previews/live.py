@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.panels import JSON
+from dashboards.boards.panels import JSON
 
 # --- queries of a dashboard, with variables substituted ------------------------------------------
 

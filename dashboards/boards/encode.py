@@ -9,7 +9,7 @@ from typing import Any
 
 from grafanalib._gen import DashboardEncoder  # grafanalib's one encoder (no public name)
 
-from dashboards.panels import JSON
+from dashboards.boards.panels import JSON
 
 # keys grafanalib emits that Grafana 10-12's dashboard schema no longer has
 OLD_DASHBOARD_KEYS = {"__inputs", "hideControls", "rows", "sharedCrosshair", "style"}

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards import variables as V
-from dashboards.mixin import Mixin
-from dashboards.panels import (
+from dashboards.boards import variables as V
+from dashboards.boards.panels import (
     BLUE,
     COUNT,
     GREEN,
@@ -32,6 +31,7 @@ from dashboards.panels import (
     timeseries,
     tokens_per_step,
 )
+from dashboards.config import Mixin
 from dashboards.queries import panel_queries as Q
 
 NAME = "engine"  # its uid: the mixin's prefix, then this

@@ -12,7 +12,7 @@ from typing import Any
 
 from grafanalib import core as G
 
-from dashboards.panels import DATASOURCE
+from dashboards.boards.panels import DATASOURCE
 
 ALL = ".*"
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards import variables as V
-from dashboards.mixin import Mixin
-from dashboards.panels import (
+from dashboards.boards import variables as V
+from dashboards.boards.panels import (
     BLUE,
     BYTES,
     COUNT,
@@ -28,6 +27,7 @@ from dashboards.panels import (
     timeseries,
     up_mappings,
 )
+from dashboards.config import Mixin
 from dashboards.queries import panel_queries as Q
 
 NAME = "health"  # its uid: the mixin's prefix, then this

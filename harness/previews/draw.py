@@ -1,6 +1,6 @@
 """The drawing of each panel kind for the PNG previews (time series, stat and bar gauge,
 table, heatmap), in Grafana's dark theme with its units, thresholds and value mappings: what
-`preview.py` places in each panel's box. Needs matplotlib (optional)."""
+`render.py` places in each panel's box. Needs matplotlib (optional)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.live import Query
-from dashboards.panels import JSON
+from dashboards.boards.panels import JSON
+from harness.previews.live import Query
 
 BACKGROUND, PANEL, TEXT, GRID = "#111217", "#181b1f", "#ccccdc", "#2c3235"
 NAMED = {

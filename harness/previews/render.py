@@ -1,5 +1,5 @@
 """PNG previews: each panel in its gridPos with its live query results, so a reviewer without
-Grafana sees what users will see (the drawing of each panel kind: preview_draw.py). Needs
+Grafana sees what users will see (the drawing of each panel kind: draw.py). Needs
 matplotlib (optional)."""
 
 from __future__ import annotations
@@ -9,19 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dashboards.live import (
-    Query,
-    annotation_queries,
-    instant,
-    panel_queries,
-    range_query,
-    regex_escape,
-    resolve_variables,
-    substitute,
-    variable_values,
-)
-from dashboards.panels import JSON
-from dashboards.preview_draw import (
+from dashboards.boards.panels import JSON
+from harness.previews.draw import (
     BACKGROUND,
     GRID,
     PANEL,
@@ -33,6 +22,17 @@ from dashboards.preview_draw import (
     draw_timeseries,
     draw_values,
     legend,
+)
+from harness.previews.live import (
+    Query,
+    annotation_queries,
+    instant,
+    panel_queries,
+    range_query,
+    regex_escape,
+    resolve_variables,
+    substitute,
+    variable_values,
 )
 
 
