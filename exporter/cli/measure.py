@@ -115,8 +115,12 @@ def register(add_verb: AddVerb) -> None:
         default=REPLICATES,
         metavar="N",
         help="with several --concurrency levels: each level's speculative and plain phases N "
-        "times, and once more where no two agree within 5 %% (one phase can run far off the "
-        f"others on the same engine); its figure pools those that agree (default {REPLICATES})",
+        "times (default %(default)s), alternated and round-robin over the levels (every level "
+        "once, then every level again: a level's replicates are a round apart), and once more "
+        "where no two of a side's agree within 5 %% (one phase can run far off the others on "
+        "the same engine). A step's figure is its fastest replicate and those within 3 %% of "
+        "it (a disturbance only adds time); its error over the run (`*_spread`) reaches the "
+        "farthest replicate. 1: one phase each, no error over the run",
     )
     p.add_argument(
         "--engine",

@@ -237,6 +237,10 @@ class StepTimePoint:
     context_tokens: float | None = setting(number(0.0, 1e9), None)
     plain_seconds_per_context_token: float = setting(number(0.0, 1.0), 0.0)
     verify_seconds_per_context_token: float = setting(number(0.0, 1.0), 0.0)
+    # measure's error over its whole run, as a share of the step (`specdec measure`'s spread:
+    # its farthest replicate): how far the live step may drift from the curve unnoticed
+    plain_spread: float | None = setting(number(0.0, 10.0), None)
+    verify_spread: float | None = setting(number(0.0, 10.0), None)
 
 
 def _schedule(r: Reader, node: yaml.Node, key: str) -> Schedule:
@@ -292,6 +296,8 @@ class ModelConfig:
                         p.context_tokens,
                         p.plain_seconds_per_context_token,
                         p.verify_seconds_per_context_token,
+                        p.plain_spread,
+                        p.verify_spread,
                     )
                     for p in self.step_time
                 ),

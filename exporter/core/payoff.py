@@ -125,6 +125,9 @@ class StepPoint:
     # seconds a step gains per token of context: plain, and at `verify_drafts` drafts
     plain_per_context_token: float = 0.0
     verify_per_context_token: float = 0.0
+    # measure's error over its whole run, a share of each step (None: not stated)
+    plain_spread: float | None = None
+    verify_spread: float | None = None
 
     def seconds(
         self, drafts: float, draft_length: int, context: float | None = None

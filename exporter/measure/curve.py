@@ -18,10 +18,13 @@ costs a fixed part of a plain step whatever k) nor in k (the first drafts cost m
 later ones), so the options by draft length need the points at both ends: 1 for the drafter's
 fixed cost, k - 1 for the slope past k.
 
-Replicates: a level's speculative and plain phases run `replicates` times (alternated), and once
-more where no two of a side's figures agree within AGREE, as the A/B truth repeats its rounds:
-on a real engine a single phase can read 20 % off the others of the same start at the same
-batch and context, which the steady span's own spread does not see.
+Replicates: a level's speculative and plain phases run `replicates` times, spec and plain
+alternated, round-robin over the levels (every level once, then every level again), so a
+level's replicates are a round, minutes, apart and a slow mode of the engine that lasts a while
+hits one of them rather than all; once more where no two of a side's figures agree within
+AGREE. On a real engine a single phase can read 20 % off the others of the same start at the
+same batch and context, which the steady span's own spread does not see; a level's figure is
+its fastest replicates (`measure.steps`: a disturbance only adds time).
 """
 
 from __future__ import annotations
@@ -169,18 +172,20 @@ async def measure_curve(
     against spec, spec at 1 and k - 1 drafts a step where the engine takes a draft length per
     request, then plain; then, where `longer` > 0, spec and plain again with every request
     `longer` tokens of context more (`Scenario.lengthened`): a step's cost per token of
-    context, which the sidecar reads the curve at the live context with. Spec and plain run
-    `replicates` times, once more where a side's do not agree (`Level.agrees`). Appends to
-    `into`."""
+    context, which the sidecar reads the curve at the live context with. Then the other
+    `replicates` - 1 rounds of spec and plain over every level, and one more for a level where
+    a side's do not agree (`Level.agrees`). Appends to `into`."""
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
         honoured = True  # the engine drafts what a request asks (until a phase says otherwise)
+        measured: list[tuple[Level, list[int], Plan]] = []
         for concurrency in levels:
             level = Level(concurrency)
             into.append(level)
             runs = level_runs(scenarios, concurrency, plan.runs)
             at = replace(plan, concurrency=concurrency)
+            measured.append((level, runs, at))
             side = f"c={concurrency} speculative"
             await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec, side)
             if honoured:
@@ -188,20 +193,6 @@ async def measure_curve(
                 honoured = await _shorter_drafts(level, scenarios, plan.engine, spec)
             side = f"c={concurrency} plain"
             await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain, side)
-            while len(level.again) + 1 < replicates or (
-                len(level.again) + 1 == replicates > 1 and not level.agrees()
-            ):
-                n = len(level.again) + 2
-                level.again.append(pair := (Phase(), Phase()))
-                for url, name, phase, side in zip(
-                    (spec_url, plain_url),
-                    (spec_model, plain_model),
-                    pair,
-                    ("speculative", "plain"),
-                    strict=True,
-                ):
-                    label = f"c={concurrency} {side}, replicate {n}"
-                    await _phase(client, url, name, scenarios, runs, at, phase, label)
             if longer > 0:
                 lengthened = [s.lengthened(longer) for s in scenarios]
                 level.longer = (Phase(), Phase())
@@ -214,3 +205,26 @@ async def measure_curve(
                 ):
                     label = f"c={concurrency} {side}, longer context"
                     await _phase(client, url, name, lengthened, runs, at, phase, label)
+
+        async def again(level: Level, runs: list[int], at: Plan) -> None:
+            """One more replicate of a level: spec, then plain."""
+            n = len(level.again) + 2
+            level.again.append(pair := (Phase(), Phase()))
+            for url, name, phase, side in zip(
+                (spec_url, plain_url),
+                (spec_model, plain_model),
+                pair,
+                ("speculative", "plain"),
+                strict=True,
+            ):
+                label = f"c={level.concurrency} {side}, replicate {n}"
+                await _phase(client, url, name, scenarios, runs, at, phase, label)
+
+        # the other replicates round-robin over the levels: a level's replicates a round apart
+        for _ in range(replicates - 1):
+            for level, runs, at in measured:
+                await again(level, runs, at)
+        if replicates > 1:  # one more round for the levels where no two of a side's agree
+            for level, runs, at in measured:
+                if not level.agrees():
+                    await again(level, runs, at)

@@ -21,8 +21,10 @@ contexts no longer match the steps they are read with.) Per level:
   kept only where the engine's counters say its steps drafted that many tokens (a build that
   ignores the field drafts k).
 
-Replicates: a side's figure pools the replicates that agree within AGREE; its error is their
-spread; one left out is named.
+Replicates: a side's figure pools the fastest replicate and those within TIE of it (`steps.py`
+argues the estimator: a disturbance only ever adds time); its standard error is the kept ones'
+spread, its `*_spread` the farthest of all replicates from it (the error over the whole run);
+one left out is named.
 
 Decode = tokens after the first / seconds from the first content token to the last.
 """
@@ -36,7 +38,15 @@ from typing import Any
 
 from exporter.core.counts import Counts
 from exporter.measure.runner import Request, ScenarioResult
-from exporter.measure.steps import Steady, agree, agreeing, per_step, pooled, replicate_error
+from exporter.measure.steps import (
+    Steady,
+    agree,
+    fastest,
+    per_step,
+    pooled,
+    replicate_error,
+    spread,
+)
 
 ERROR_BLOCKS = 4  # blocks of a phase's steady span its error is read from
 
@@ -154,24 +164,37 @@ class Level:
         return all(agree(self.figures(plain)) for plain in (False, True))
 
     def kept(self, plain: bool) -> list[Phase]:
-        """The phases a side's figure pools (`agreeing`)."""
+        """The phases a side's figure pools (`steps.fastest`)."""
         phases = self.sides()[plain]
-        return [phases[i] for i in agreeing(self.figures(plain))] or phases[:1]
+        return [phases[i] for i in fastest(self.figures(plain))] or phases[:1]
 
     def left_out(self) -> list[str]:
         """One line per replicate a side's figure leaves out: which, and how far off it ran."""
         lines = []
         for plain, side in ((False, "speculative"), (True, "plain")):
             figures = self.figures(plain)
-            kept = agreeing(figures)
-            pooled_figure = per_step(pooled([self.sides()[plain][i].steady() for i in kept]), plain)
+            kept = fastest(figures)
+            pooled_figure = self.seconds(plain)
             for i, f in enumerate(figures):
                 if i not in kept and f is not None and pooled_figure:
                     lines.append(
                         f"c={self.concurrency} {side}: replicate {i + 1} ran at "
-                        f"x{f / pooled_figure:.2f} of the others' seconds a step (left out)"
+                        f"x{f / pooled_figure:.2f} of the fastest's seconds a step (left out)"
                     )
         return lines
+
+    def seconds(self, plain: bool) -> float | None:
+        """A side's seconds per step: its kept replicates pooled."""
+        return per_step(pooled([p.steady() for p in self.kept(plain)]), plain)
+
+    def spread(self, plain: bool) -> float | None:
+        """A side's error over the whole run (`steps.spread`): every replicate's distance from
+        the figure, kept or not, at least twice the standard error."""
+        figure = self.seconds(plain)
+        if figure is None:
+            return None
+        found = [f for f in self.figures(plain) if f is not None]
+        return spread(figure, found, self.error(plain))
 
     def error(self, plain: bool) -> float | None:
         """A side's relative standard error: the kept replicates' spread, or with one
@@ -229,6 +252,9 @@ class Level:
             "verify_per_context_token": slopes[1],
             "plain_error": self.error(True),
             "verify_error": self.error(False),
+            # the error over the whole run: the farthest replicate, kept or not
+            "plain_spread": self.spread(True),
+            "verify_spread": self.spread(False),
             "replicates": len(self.again) + 1,
             "left_out": self.left_out(),
             "tokens_per_step": spec.tokens / spec.steps if spec.steps else None,

@@ -307,8 +307,9 @@ def curve_table(levels: list[Row], model: str, draft_length: int | None) -> str:
         )
     lines = aligned(table)
     lines.append(
-        "(± one standard error of a step's seconds: the spread of the replicates that agree; "
-        "with one replicate, of its steady span in four blocks)"
+        "(± one standard error of a step's seconds: the spread of the fastest replicates, "
+        "those within 3 % of the fastest; with one, of its steady span in four blocks. A "
+        "step's error over the whole run, to the farthest replicate: the *_spread below)"
     )
     lines += [f"  {line}" for r in levels for line in r.get("left_out") or ()]
     points = [r for r in levels if r["running"] is not None and r["plain_seconds"]]
@@ -341,12 +342,16 @@ def _with_error(seconds: float | None, error: float | None) -> str:
 
 
 def _point(r: Row, draft_length: int | None) -> str:
-    """One step-time point as the config takes it: the steps, the draft tokens per step of the
-    verify step where not the draft length, the context and what a step gains per token of
-    it."""
+    """One step-time point as the config takes it: the steps with their error over the run
+    (`*_spread`), the draft tokens per step of the verify step where not the draft length,
+    the context and what a step gains per token of it."""
     out = [f"running: {r['running']:.2f}", f"plain_seconds: {r['plain_seconds']:.6f}"]
+    if (error := r.get("plain_spread")) is not None:
+        out.append(f"plain_spread: {error:.4f}")
     if r["verify_seconds"] and r.get("verify_drafts") != 0:
         out.append(f"verify_seconds: {r['verify_seconds']:.6f}")
+        if (error := r.get("verify_spread")) is not None:
+            out.append(f"verify_spread: {error:.4f}")
         drafts = r.get("verify_drafts")
         if drafts is not None and (draft_length is None or abs(drafts - draft_length) > 0.005):
             out.append(f"verify_drafts: {drafts:.3f}")
