@@ -82,6 +82,18 @@ def register(add_verb: AddVerb) -> None:
         "sglext details, llama.cpp's timings and llamacpp:* page, TensorRT-LLM's page at "
         "/prometheus/metrics (no per-request data)",
     )
+    p.add_argument(
+        "--step-shift",
+        action="append",
+        default=[],
+        metavar="SIDE=FRACTION[@WHEN]",
+        help="a GPU's behaviour from one start to the next: the plain (SIDE plain: prefill "
+        "chunks, a schedule's k = 0 steps, every step of a server without speculation) or the "
+        "verify steps (spec) take FRACTION more time, e.g. spec=+0.10 or plain=-0.05; WHEN: "
+        "'restart' (default: from the first /admin/restart on) or a duration of wall-clock "
+        "time after the simulator started (@90s); so measure and live traffic can run on "
+        "either side of a shift (repeatable)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument(
         "--profile",
@@ -127,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.sim.decoder import SimEngine
     from exporter.sim.profiles import DEFAULT_PROFILES
     from exporter.sim.server import build_app
+    from exporter.sim.steptime import StepShift
 
     logs.setup()
     profiles = dict(DEFAULT_PROFILES)
@@ -144,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(
                     f"{flag} must be {want}, got {getattr(args, flag[2:].replace('-', '_'))}"
                 )
+        shifts = tuple(StepShift.parse(item) for item in args.step_shift)
         schedule = None
         if args.schedule is not None:
             try:
@@ -167,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         profiles,
         adaptive=args.adaptive_draft_length,
         schedule=schedule,
+        shifts=shifts,
     )
     app = build_app(engine, args.per_request_spec_decode_metrics, kind=args.engine)
 

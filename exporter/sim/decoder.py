@@ -33,7 +33,7 @@ from exporter.core.counts import Counts
 from exporter.core.schedule import Schedule
 from exporter.sim.metrics import EngineMetrics
 from exporter.sim.profiles import DEFAULT_PROFILES, LOOP_ACCEPTANCE, Profile, draw
-from exporter.sim.steptime import MODEL, StepTime
+from exporter.sim.steptime import MODEL, StepShift, StepTime
 
 TEXT = {  # token pieces the simulated model cycles through, per profile
     "ja_chat": tuple(
@@ -169,8 +169,11 @@ class SimEngine:
         adaptive: bool = False,
         step_time: StepTime = MODEL,
         schedule: Schedule | None = None,
+        shifts: tuple[StepShift, ...] = (),
     ) -> None:
         self.model, self.draft_length = model, draft_length
+        # a step's time moved from one start (or one time) to the next, as a GPU's does
+        self.shifts, self._born = shifts, time.monotonic()
         self.engines, self.speed = data_parallel_size, speed
         self.adaptive = adaptive  # each step drafts 1..k tokens, as vLLM's adaptive draft length
         # k by the engine's batch at each step, as vLLM's dynamic speculative decoding runs it
@@ -272,17 +275,27 @@ class SimEngine:
             self.prefilling[engine] += chunk
             state = (self.running[engine], self.held[engine], self.prefilling[engine])
             try:
-                await pace.wait(self.step_time.plain(*state))
+                await pace.wait(self.step_time.plain(*state) * self.shift(False))
             finally:
                 self.prefilling[engine] -= chunk
             left -= chunk
 
+    def shift(self, spec: bool) -> float:
+        """What a verify (`spec`) or plain step's modelled seconds are multiplied by now
+        (`--step-shift`)."""
+        elapsed, factor = time.monotonic() - self._born, 1.0
+        for shift in self.shifts:
+            factor *= shift.factor(spec, self.starts, elapsed)
+        return factor
+
     def _timed(self, profile: str, engine: str, tokens: int, drafted: int) -> float:
-        """One step's seconds in the engine's state now, before `speed`; kept in the truth."""
+        """One step's seconds in the engine's state now, before `speed`; kept in the truth
+        (its plain counterfactual with the plain steps' shift)."""
         e = int(engine)
         state = (self.held[e], self.prefilling[e])
-        seconds = self.step_time.verify(self.running[e], drafted, *state)
-        step = Payoff(1, tokens, seconds, self.step_time.plain(self.running[e], *state))
+        seconds = self.step_time.verify(self.running[e], drafted, *state) * self.shift(drafted > 0)
+        plain = self.step_time.plain(self.running[e], *state) * self.shift(False)
+        step = Payoff(1, tokens, seconds, plain)
         self.payoff[profile] = self.payoff.get(profile, Payoff()) + step
         return seconds
 

@@ -32,7 +32,10 @@ and Kong et al. (arXiv 2605.15051, step latency a + b * lambda); the roofline of
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from exporter.core.durations import parse_duration
 
 SINGLE_STREAM_STEP_SECONDS = 1 / 72  # one plain decode step at batch 1
 
@@ -64,3 +67,48 @@ class StepTime:
 
 
 MODEL = StepTime()
+
+
+@dataclass(frozen=True, slots=True)
+class StepShift:
+    """A GPU's behaviour from one start to the next: the plain steps (prefill chunks, a
+    schedule's k = 0 steps, every step of a server without speculation) or the verify steps
+    taking `fraction` more (less, below 0) time than the model says, from the first
+    /admin/restart on (`after` None) or from `after` seconds (wall clock) after the simulator
+    started. On a GPU the speculative server's step moved 3-11 % between starts while its plain
+    step held (docs/metrics.md): measure on one side of a shift, live traffic on the other."""
+
+    side: str  # "plain" or "spec"
+    fraction: float
+    after: float | None = None  # seconds after the start; None: from the first restart on
+
+    @classmethod
+    def parse(cls, text: str) -> StepShift:
+        """SIDE=[+-]FRACTION[@restart|@DURATION], e.g. spec=+0.10 or plain=-0.1@90s."""
+        found = re.fullmatch(r"(plain|spec)=([+-]?[0-9.]+)(?:@(.+))?", text.strip())
+        if found is None:
+            raise ValueError(
+                f"{text!r}: wants SIDE=FRACTION[@restart|@DURATION], SIDE plain or spec, "
+                "e.g. spec=+0.10 or plain=-0.1@90s"
+            )
+        side, number, when = found.groups()
+        try:
+            fraction = float(number)
+        except ValueError:
+            raise ValueError(f"{text!r}: {number!r} is not a fraction") from None
+        if not -0.9 <= fraction <= 10.0:
+            raise ValueError(f"{text!r}: the fraction must be within -0.9..10")
+        after = None
+        if when is not None and when != "restart":
+            try:
+                after = parse_duration(when)
+            except ValueError as exc:
+                raise ValueError(f"{text!r}: {exc}") from None
+        return cls(side, fraction, after)
+
+    def factor(self, spec: bool, starts: int, elapsed: float) -> float:
+        """What a step of that side (`spec`: a verify step) is multiplied by now."""
+        if spec != (self.side == "spec"):
+            return 1.0
+        due = starts >= 1 if self.after is None else elapsed >= self.after
+        return 1.0 + self.fraction if due else 1.0
