@@ -253,6 +253,7 @@ def alert_groups(mix: Mixin) -> list[dict[str, Any]]:
         target_down(mix),
         exporter_down(mix),
         coverage_low(mix),
+        curve_stale(mix),
     ]
     return [{"name": "specdec-alerts", "rules": rules}]
 
@@ -347,4 +348,28 @@ def coverage_low(mix: Mixin) -> dict[str, Any]:
         "Traffic bypasses the route-tagging proxy on {{ $labels.target }}",
         "Only {{ $value | humanizePercentage }} of the engine's drafts over 15m were accounted to "
         "routes: some clients talk to vLLM directly, so per-route figures miss that traffic.",
+    )
+
+
+def curve_stale(mix: Mixin) -> dict[str, Any]:
+    """The engine's step has left the curve measure gave it by more than measure's own error:
+    on the GPU bench one start of the same servers ran the speculative step 8-9 % off the
+    next, and a speedup right in one start read 19 % high in the other."""
+    drift = "specdec_model_curve_drift_ratio"
+    return _alert(
+        mix,
+        "SpecDecodeCurveStale",
+        f"{drift}\nand\nabs({drift} - 1) > specdec_model_curve_drift_tolerance_ratio",
+        mix.for_.curve_stale,
+        "warning",
+        "The step-time curve of {{ $labels.model_name }} is stale: re-measure it",
+        "{{ $labels.model_name }}'s engine runs its decode steps at "
+        '{{ $value | printf "x%.3f" }} of the step its step_time curve gives at the same batch, '
+        "context and drafts per step, beyond measure's own error "
+        "(specdec_model_curve_drift_tolerance_ratio): the engine no longer runs as when it was "
+        "measured (another start, card, clock or build). The speedups' half-widths carry the "
+        "drift; the figures themselves are read through the old curve. Re-measure on this "
+        "engine and replace the model's step_time block: specdec measure --base-url "
+        "http://VLLM:8000 --baseline-url http://VLLM_WITHOUT_SPECULATION:8000 --scenario-file "
+        "YOUR_ROUTES.jsonl --concurrency 1,8,32",
     )

@@ -121,6 +121,7 @@ class Durations:
     target_down: str = setting(_duration, "2m")
     exporter_down: str = setting(_duration, "2m")
     attribution_coverage: str = setting(_duration, "15m")
+    curve_stale: str = setting(_duration, "15m")
 
 
 @dataclass(frozen=True, slots=True)

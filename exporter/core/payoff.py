@@ -208,6 +208,17 @@ class StepCurve:
                 known.append((p.running, step / plain))
         return _interpolate(known, running) if known else None
 
+    def spread(self, drafts: float, running: float) -> float | None:
+        """measure's error over its run for the step the engine runs at the batch (its verify
+        step's where `drafts` > 0, else its plain step's), linear between the points that state
+        it, flat beyond (None: none states it)."""
+        known = []
+        for p in self.points:
+            error = p.verify_spread if drafts > 0 else p.plain_spread
+            if error is not None:
+                known.append((p.running, error))
+        return _interpolate(known, running) if known else None
+
     @property
     def load_aware(self) -> bool:
         return len(self.points) > 1
@@ -319,6 +330,49 @@ class Speedups:
                 costs[length] = c
         tokens = exact.tokens / exact.steps if observed else None
         return cls(estimated, measured, plain, costs, drafts, tokens)
+
+
+# the least the live step may drift from measure's before it counts as a drift: a window's own
+# noise around the step measure read at the same batch and context (the GPU bench's live
+# speculative step within 4 % of measure's in one start; the simulators' within ~1 %)
+DRIFT_FLOOR = 0.03
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """The engine's drift from its curve: the step it runs now over the step measure read at
+    the same batch, context and draft tokens per step (a schedule's k = 0: its plain step, then
+    observed outright), and how far measure's own error reaches there."""
+
+    ratio: float
+    tolerance: float  # measure's error over its run there, at least DRIFT_FLOOR
+
+    @property
+    def outside(self) -> bool:
+        return abs(self.ratio - 1.0) > self.tolerance
+
+    def widening(self, speedup: float) -> float:
+        """What the drift adds to a speedup's half-width: the step moved by `ratio`, and the
+        plain step now either with it (a whole start slower or faster: the cost ratio holds, the
+        speedup too) or not (the speculative step alone: the speedup / ratio). The truth lies
+        between the two, so the half-width reaches the other end."""
+        return speedup * abs(1.0 - 1.0 / self.ratio)
+
+
+def curve_drift(curve: StepCurve | None, load: Load, exact: Decode) -> Drift | None:
+    """The drift over a window from every route's counted requests of a model (`exact`: their
+    decode seconds and steps, the draft tokens in them) at the engine's `load`; None without a
+    load-aware curve, counted steps or a batch."""
+    if curve is None or not curve.load_aware or load.running is None:
+        return None
+    observed, drafts = exact.seconds_per_step, exact.drafts_per_step
+    if observed is None or drafts is None:
+        return None
+    expected = curve.seconds(drafts, load.running, load.context)
+    if not expected:
+        return None
+    spread = curve.spread(drafts, load.running) or 0.0
+    return Drift(observed / expected, max(spread, DRIFT_FLOOR))
 
 
 def breakeven_acceptance(step_cost_ratio: float, draft_length: int) -> float:

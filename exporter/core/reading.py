@@ -6,12 +6,13 @@ a route through `read_route`; none recomputes any part of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter.core.counts import Counts, ratios
 from exporter.core.payoff import (
     Decode,
     DraftLength,
+    Drift,
     Load,
     Speedups,
     StepCurve,
@@ -43,9 +44,13 @@ class RouteReading:
     best: DraftLength | None  # the best draft length, where the data tell it apart
 
 
-def read_route(window: RouteWindow, curve: StepCurve | None, own_positions: bool) -> RouteReading:
+def read_route(
+    window: RouteWindow, curve: StepCurve | None, own_positions: bool, drift: Drift | None = None
+) -> RouteReading:
     """The route's reading. `own_positions`: its per-position counts are its requests' own
-    (vLLM, SGLang), not the engine's apportioned (llama.cpp: its profile is then modelled)."""
+    (vLLM, SGLang), not the engine's apportioned (llama.cpp: its profile is then modelled).
+    `drift`: the model's engine against its curve over the window (`core.payoff.curve_drift`),
+    which widens every speculative option's half-width (`Drift.widening`)."""
     r = ratios(window.counts)
     payoff = Speedups.at_load(
         curve, window.load, r.mean_acceptance_length, window.decoded, window.exact
@@ -55,6 +60,13 @@ def read_route(window: RouteWindow, curve: StepCurve | None, own_positions: bool
     interval = window.moments.interval()
     drafted = observed_draft_length(window.counts, payoff, scheduled)
     options = options_by_draft_length(window.counts, payoff, interval, own_positions, drafted)
+    if drift is not None:
+        options = [
+            replace(o, halfwidth=o.halfwidth + drift.widening(o.speedup))
+            if o.draft_length > 0 and o.halfwidth is not None
+            else o
+            for o in options
+        ]
     return RouteReading(
         r.acceptance,
         r.mean_acceptance_length,

@@ -13,16 +13,20 @@ from prometheus_client.core import (
 )
 
 from exporter.accounting.ledger import Accounting
-from exporter.accounting.snapshot import Snapshot
+from exporter.accounting.snapshot import RouteKey, Snapshot
 from exporter.config import ModelConfig
 from exporter.core.counts import total
-from exporter.core.reading import RouteReading, read_route
+from exporter.core.payoff import Decode, Drift, Load, curve_drift
+from exporter.core.reading import RouteReading, RouteWindow, read_route
 from exporter.core.slices import SliceCounts, change_parts
 from exporter.core.windows import Window
 from exporter.engines.base import Role, ScrapeHooks
 from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
 from exporter.scrape.snapshot import TargetSnapshot
 from exporter.scrape.target import TargetState
+
+# the shortest window the curve's drift is read over, where one is configured (seconds)
+DRIFT_WINDOW = 300.0
 
 
 class RouteCollector(FamiliesCollector):
@@ -202,12 +206,19 @@ class RouteCollector(FamiliesCollector):
 
     def _windows(self, acc: Snapshot, target: TargetSnapshot | None) -> Iterator[Metric]:
         f = _window_families()
+        drift_window = _drift_window([w.window for w in acc.windows])
         for per_window in acc.windows:
             window, routes = per_window.window, per_window.routes
+            drifts = self._drifts(routes)
+            if window == drift_window:
+                for model, drift in sorted(drifts.items()):
+                    if drift is not None:
+                        f.drift.add_metric([model], drift.ratio)
+                        f.drift_tolerance.add_metric([model], drift.tolerance)
             for (route, model), seen in sorted(routes.items()):
                 config = self.models.get(model)
                 curve = None if config is None else config.curve
-                reading = read_route(seen, curve, self._own_positions)
+                reading = read_route(seen, curve, self._own_positions, drifts.get(model))
                 series = [route, model, window.label]
                 if reading.acceptance is not None:
                     f.acceptance.add_metric(series, reading.acceptance)
@@ -221,6 +232,21 @@ class RouteCollector(FamiliesCollector):
                     (routed.drafts or 0.0) / per_window.engine.drafts,
                 )
         yield from f
+
+    def _drifts(self, routes: Mapping[RouteKey, RouteWindow]) -> dict[str, Drift | None]:
+        """Per model with a measured curve (`step_time`), its engine's drift from the curve over
+        the window: every route's counted steps against the curve at the engine's load."""
+        exact: dict[str, Decode] = {}
+        loads: dict[str, Load] = {}
+        for (_, model), seen in routes.items():
+            exact[model] = exact.get(model, Decode()) + seen.exact
+            loads[model] = seen.load
+        out: dict[str, Drift | None] = {}
+        for model, decoded in exact.items():
+            config = self.models.get(model)
+            if config is not None and config.step_time:
+                out[model] = curve_drift(config.curve, loads[model], decoded)
+        return out
 
     def _slices(self, acc: Snapshot) -> Iterator[Metric]:
         """The exact requests' counts by band of each dimension, and each route's acceptance
@@ -296,6 +322,17 @@ class _WindowFamilies(NamedTuple):
     at_length_half: GaugeMetricFamily
     best: GaugeMetricFamily
     coverage: GaugeMetricFamily
+    drift: GaugeMetricFamily
+    drift_tolerance: GaugeMetricFamily
+
+
+def _drift_window(windows: list[Window]) -> Window | None:
+    """The window the curve's drift is exported over: the shortest of at least DRIFT_WINDOW
+    (one long enough to hold many requests' steps), else the longest."""
+    long_enough = [w for w in windows if w.seconds >= DRIFT_WINDOW]
+    if long_enough:
+        return min(long_enough, key=lambda w: w.seconds)
+    return max(windows, key=lambda w: w.seconds, default=None)
 
 
 def _window_families() -> _WindowFamilies:
@@ -336,7 +373,8 @@ def _window_families() -> _WindowFamilies:
     at_length_half = GaugeMetricFamily(
         "specdec_route_speedup_at_draft_length_ci_halfwidth",
         "95 % half-width of specdec_route_speedup_at_draft_length_ratio, from the "
-        "acceptance's (the positions taken to move together).",
+        "acceptance's (the positions taken to move together), widened by the engine's drift "
+        "from its curve (specdec_model_curve_drift_ratio) where the model has one.",
         labels=[*labels, "draft_length"],
     )
     best = GaugeMetricFamily(
@@ -351,8 +389,31 @@ def _window_families() -> _WindowFamilies:
         "(< 1: traffic bypasses the proxy).",
         labels=["target", "window"],
     )
+    drift = GaugeMetricFamily(
+        "specdec_model_curve_drift_ratio",
+        "The engine's drift from its step-time curve: its decode step now (every route's "
+        "counted requests over the window) / the curve's at the same batch, context and draft "
+        "tokens per step (a schedule's k = 0: the plain step, observed); 1 while it runs as "
+        "measure found it. Outside specdec_model_curve_drift_tolerance_ratio: re-measure.",
+        labels=["model_name"],
+    )
+    drift_tolerance = GaugeMetricFamily(
+        "specdec_model_curve_drift_tolerance_ratio",
+        "How far specdec_model_curve_drift_ratio may stray from 1 within measure's own error: "
+        "the curve's spread over its run at the batch (its farthest replicate), at least 0.03.",
+        labels=["model_name"],
+    )
     return _WindowFamilies(
-        acceptance, length, speedup_est, speedup, at_length, at_length_half, best, coverage
+        acceptance,
+        length,
+        speedup_est,
+        speedup,
+        at_length,
+        at_length_half,
+        best,
+        coverage,
+        drift,
+        drift_tolerance,
     )
 
 

@@ -5,7 +5,7 @@ The estimator is the fastest cluster: the fastest replicate and every other with
 pooled (`fastest`). A disturbance of a phase on a real engine only ever adds time (a slow mode
 of a start, a neighbour, a drain that runs long; nothing makes a step faster than the engine
 can run it), so the fastest replicates are the nearest to the step the engine runs
-undisturbed. On the GPU bench (2026-12-06, one H200, `../shared/gpu-runs`), measure's plain
+undisturbed. On the GPU bench (2026-12-06, one H200, docs/BENCHMARKS.md), measure's plain
 step at c = 16 read 15.59 ms in one start and 14.25 in the next, 9 % apart, though each run's
 agreeing replicates were within ~1 %: in the first, two replicates ran in a slow mode and agreed
 with each other, and the rule "the closest two agree" pooled them and left out the one at

@@ -40,6 +40,7 @@ ALERTS = (
     "SpecDecodeTargetDown",
     "SpecDecodeExporterDown",
     "SpecDecodeAttributionCoverageLow",
+    "SpecDecodeCurveStale",
 )
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

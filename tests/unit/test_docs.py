@@ -27,6 +27,7 @@ WORDS = {
     10: "ten",
     11: "eleven",
     12: "twelve",
+    13: "thirteen",
 }
 
 

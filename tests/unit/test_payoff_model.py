@@ -8,7 +8,12 @@ gave is checked in bench/, never pinned here):
 - monotone in acceptance; x1.0 exactly when the window's steps drafted nothing, with no
   options; a schedule's straddled bands by the drafts per step;
 - the steps by draft length: measured lengths as measured, past the longest by the last
-  increment, never cheaper.
+  increment, never cheaper;
+- the engine's drift from its curve (`curve_drift`): the live step over the curve's at the same
+  batch, context and drafts per step reads any shift of the step, 1.0 without one; under a
+  schedule's k = 0 the plain step's own; the tolerance measure's error over its run at the
+  batch (`*_spread`), at least DRIFT_FLOOR; the drift widens the options' half-widths so the
+  band reaches the truth whichever step moved.
 """
 
 from __future__ import annotations
@@ -19,15 +24,20 @@ import pytest
 
 from exporter.core.counts import Counts
 from exporter.core.payoff import (
+    DRIFT_FLOOR,
     Decode,
+    Drift,
     Load,
     Speedups,
     StepCurve,
     StepPoint,
+    curve_drift,
     options_by_draft_length,
     speedups_by_draft_length,
 )
+from exporter.core.reading import RouteWindow, read_route
 from exporter.core.schedule import Schedule
+from exporter.core.stats import RequestMoments
 
 K = 3
 
@@ -185,3 +195,101 @@ def test_steps_by_draft_length_through_the_measured_ones() -> None:
     options = speedups_by_draft_length((0.85, 0.70, 0.58, 0.48, 0.40), 1.0, payoff.costs, 0.0)
     assert [o.draft_length for o in options] == [0, 1, 2, 3, 4, 5]
     assert options[1].speedup == pytest.approx(1.85 * 0.0046 / 0.0080)
+
+
+def spread_curve(engine: Engine, context: float, spreads: tuple[float, ...]) -> StepCurve:
+    curve = engine.curve(context, 2 * context)
+    points = tuple(
+        replace(p, verify_spread=s, plain_spread=s / 2)
+        for p, s in zip(curve.points, spreads, strict=True)
+    )
+    return replace(curve, points=points)
+
+
+@pytest.mark.parametrize("shift", [0.9, 1.0, 1.1])
+@pytest.mark.parametrize("batch", [1.0, 5.0, 8.0, 32.0])
+@pytest.mark.parametrize("live_context", [250.0, 900.0])
+def test_the_drift_reads_the_shift_of_the_step(
+    shift: float, batch: float, live_context: float
+) -> None:
+    """Exact at measure's batches; between them within the curve's own interpolation (the
+    plain step and the cost ratio each linear in the batch: 0.8 % here at 5)."""
+    measured = Engine()
+    live = replace(measured, scale=shift)
+    curve = measured.curve(500.0, 1000.0)
+    exact = window(live, 2.5, batch, live_context)
+    drift = curve_drift(curve, Load(batch, live_context, K), exact)
+    assert drift is not None
+    assert drift.ratio == pytest.approx(shift, rel=1e-6 if batch != 5.0 else 0.01)
+    assert drift.outside == (shift != 1.0)
+
+
+def test_under_k0_the_plain_step_is_observed() -> None:
+    measured = Engine()
+    live = replace(measured, scale=1.07)
+    curve = measured.curve(500.0, 1000.0)
+    steps = 1000.0
+    seconds = steps * live.step(0, 32.0, 500.0)
+    plain = Decode(steps, seconds, steps, 0.0, seconds * 500.0, seconds)  # no drafts
+    drift = curve_drift(curve, Load(32.0, 500.0, 0.0), plain)
+    assert drift is not None and drift.ratio == pytest.approx(1.07, rel=1e-6)
+
+
+def test_the_tolerance_is_measures_spread_at_the_batch_at_least_the_floor() -> None:
+    engine = Engine()
+    curve = spread_curve(engine, 500.0, (0.01, 0.08, 0.02))  # at 1, 8, 32
+    load = Load(8.0, 500.0, K)
+    drift = curve_drift(curve, load, window(engine, 2.5, 8.0, 500.0))
+    assert drift is not None and drift.tolerance == pytest.approx(0.08)
+    at_20 = curve_drift(curve, replace(load, running=20.0), window(engine, 2.5, 20.0, 500.0))
+    assert at_20 is not None and at_20.tolerance == pytest.approx(0.05)  # between 8 and 32
+    at_1 = curve_drift(curve, replace(load, running=1.0), window(engine, 2.5, 1.0, 500.0))
+    assert at_1 is not None and at_1.tolerance == DRIFT_FLOOR
+    none = curve_drift(engine.curve(500.0, 1000.0), load, window(engine, 2.5, 8.0, 500.0))
+    assert none is not None and none.tolerance == DRIFT_FLOOR  # an old curve: the floor
+
+
+def test_no_drift_without_a_curve_steps_or_batch() -> None:
+    engine = Engine()
+    curve = engine.curve(500.0)
+    exact = window(engine, 2.5, 8.0, 500.0)
+    assert curve_drift(None, Load(8.0), exact) is None
+    assert curve_drift(curve, Load(None), exact) is None
+    assert curve_drift(curve, Load(8.0), Decode()) is None
+    one_point = StepCurve(curve.points[:1], K)  # the single-stream point: load-blind
+    assert curve_drift(one_point, Load(8.0), exact) is None
+
+
+@pytest.mark.parametrize("shift", [0.9, 1.1])
+@pytest.mark.parametrize("moved", ["spec", "both"])
+def test_the_widened_band_reaches_the_truth_whichever_step_moved(shift: float, moved: str) -> None:
+    """The speculative step alone moved (the speedup reads off by the drift) or the whole
+    engine (the cost ratio holds, the speedup is right): the sidecar cannot tell the two apart,
+    and its band at the observed k covers both."""
+    measured = Engine()
+    live = replace(measured, scale=shift)
+    batch, context, tokens = 8.0, 500.0, 2.5
+    curve = measured.curve(context, 2 * context)
+    exact = window(live, tokens, batch, context)
+    plain_now = (live if moved == "both" else measured).step(0, batch, context)
+    truth = tokens * plain_now / live.step(K, batch, context)
+    counts = Counts(1000.0, 3000.0, 1500.0, (700.0, 500.0, 300.0))
+    moments = RequestMoments(40, 40 * 75.0**2, 40 * 37.5**2, 40 * 75.0 * 37.5, 40 * 75.0**3)
+    seen = RouteWindow(counts, exact, exact, moments, Load(batch, context, K))
+    drift = curve_drift(curve, seen.load, exact)
+    assert drift is not None
+    plain = read_route(seen, curve, own_positions=True)
+    widened = read_route(seen, curve, own_positions=True, drift=drift)
+    at_k = {o.draft_length: o for o in widened.options}[K]
+    before = {o.draft_length: o for o in plain.options}[K]
+    assert at_k.speedup == pytest.approx(before.speedup)
+    assert at_k.halfwidth is not None and before.halfwidth is not None
+    assert at_k.halfwidth == pytest.approx(before.halfwidth + at_k.speedup * abs(1 - 1 / shift))
+    assert abs(at_k.speedup - truth) <= at_k.halfwidth, (at_k, truth)
+    assert {o.draft_length: o for o in widened.options}[0].halfwidth == 0.0  # plain: exact
+
+
+def test_a_drift_within_tolerance_is_not_outside() -> None:
+    assert not Drift(1.02, DRIFT_FLOOR).outside
+    assert Drift(1.04, DRIFT_FLOOR).outside
+    assert not Drift(1.07, 0.08).outside
