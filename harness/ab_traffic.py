@@ -1,15 +1,18 @@
 """Closed-loop A/B traffic of the two routes (Japanese voice chat, a coding agent): the same
 requests against a speculative endpoint (through the proxy, routed by header) and a plain one,
-measured as the clients see them. Used by tests/integration/test_payoff_at_load.py and
-bench/payoff_real_vllm.py."""
+measured as the clients see them, and the same routes as `specdec measure`'s scenarios, its
+curve as the config takes it. Used by tests/integration/test_payoff_at_load.py,
+test_curve_drift.py and bench/payoff_real_vllm.py."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -102,3 +105,39 @@ def alternate(
             rounds.append((this[0], this[1]))
     assert seen is not None
     return on, off, seen
+
+
+def routes_pack(tmp: Path, longer: int) -> Path:
+    """The two routes as measure's scenarios: their first 8 prompts, two to each of four caps
+    at their spread's quantiles, each route weighed inverse to its mean cap so each holds half
+    of measure's batch, as half the A/B's clients send each; `longer`: words of context more."""
+    lines = []
+    for route, work in ROUTES.items():
+        pack = builtin(work.scenario).lengthened(longer) if longer else builtin(work.scenario)
+        for j, tokens in enumerate(work.caps(4)):
+            entry = {"name": f"{route}_{j}", "max_tokens": tokens, "system": pack.system,
+                     "prompts": list(pack.prompts[2 * j : 2 * j + 2]),
+                     "weight": 200 / work.mean_tokens}  # fmt: skip
+            lines.append(json.dumps(entry, ensure_ascii=False))
+    path = tmp / f"routes-{longer}.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def point(r: dict[str, Any]) -> str:
+    """A step-time point of measure's JSON as the config takes it (with its error over the
+    run, `*_spread`, where measure gives one)."""
+    keys = {
+        "running": "running",
+        "plain_seconds": "plain_seconds",
+        "verify_seconds": "verify_seconds",
+        "verify_drafts": "verify_drafts",
+        "context": "context_tokens",
+        "plain_per_context_token": "plain_seconds_per_context_token",
+        "verify_per_context_token": "verify_seconds_per_context_token",
+        "plain_spread": "plain_spread",
+        "verify_spread": "verify_spread",
+    }
+    if r.get("verify_drafts") == 0:  # a schedule's k = 0: its spec phase ran plain steps
+        keys.pop("verify_seconds"), keys.pop("verify_drafts"), keys.pop("verify_spread")
+    return ", ".join(f"{name}: {r[key]}" for key, name in keys.items() if r.get(key) is not None)

@@ -36,8 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.measure.scenarios import builtin
-from harness.ab_traffic import ROUTES, alternate
+from harness.ab_traffic import ROUTES, alternate, point, routes_pack
 from harness.helpers import child, free_port, http_get, specdec, wait_for
 from harness.pages import Page, samples, value
 
@@ -84,23 +83,6 @@ class Rig:
     metrics: str
     started: float  # when the sidecar came up
     case: Case
-
-
-def routes_pack(tmp: Path, longer: int) -> Path:
-    """The two routes as measure's scenarios: their first 8 prompts, two to each of four caps
-    at their spread's quantiles, each route weighed inverse to its mean cap so each holds half
-    of measure's batch, as half the A/B's clients send each; `longer`: words of context more."""
-    lines = []
-    for route, work in ROUTES.items():
-        pack = builtin(work.scenario).lengthened(longer) if longer else builtin(work.scenario)
-        for j, tokens in enumerate(work.caps(4)):
-            entry = {"name": f"{route}_{j}", "max_tokens": tokens, "system": pack.system,
-                     "prompts": list(pack.prompts[2 * j : 2 * j + 2]),
-                     "weight": 200 / work.mean_tokens}  # fmt: skip
-            lines.append(json.dumps(entry, ensure_ascii=False))
-    path = tmp / f"routes-{longer}.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def curve(spec: str, plain: str, tmp: Path, longer: int) -> list[dict[str, float]]:
@@ -155,22 +137,6 @@ models:
     path = tmp / "specdec.yaml"
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def point(r: dict[str, float]) -> str:
-    """A step-time point of measure's JSON as the config takes it."""
-    keys = {
-        "running": "running",
-        "plain_seconds": "plain_seconds",
-        "verify_seconds": "verify_seconds",
-        "verify_drafts": "verify_drafts",
-        "context": "context_tokens",
-        "plain_per_context_token": "plain_seconds_per_context_token",
-        "verify_per_context_token": "verify_seconds_per_context_token",
-    }
-    if r.get("verify_drafts") == 0:  # a schedule's k = 0: its spec phase ran plain steps
-        keys.pop("verify_seconds"), keys.pop("verify_drafts")
-    return ", ".join(f"{name}: {r[key]}" for key, name in keys.items() if r.get(key) is not None)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])
