@@ -25,7 +25,15 @@ from typing import Any
 from bench.gpu import product, sweep
 from bench.gpu.product import Samples
 from exporter.core.counts import Counts
-from exporter.core.payoff import Decode, Load, Speedups, StepCurve, StepPoint
+from exporter.core.payoff import (
+    Decode,
+    Drift,
+    Load,
+    Speedups,
+    StepCurve,
+    StepPoint,
+    curve_drift,
+)
 from exporter.core.reading import RouteWindow, read_route
 from exporter.core.stats import RequestMoments
 
@@ -69,6 +77,17 @@ def load(after: Samples, before: Samples) -> Load:
         held / weight if weight > 0 else None,
         drafted / steps if steps > 0 else None,
     )
+
+
+def drift(after: Samples, before: Samples, steps: StepCurve) -> Drift | None:
+    """The engine's drift from its curve between two pages, as the sidecar reads it over its
+    window (`core.payoff.curve_drift`): every route's counted steps against the curve."""
+
+    def d(name: str) -> float:
+        return product.increase(after, before, f"specdec_route_{name}_total", source="exact")
+
+    exact = Decode(d("decode_tokens"), d("decode_seconds"), d("decode_steps"))
+    return curve_drift(steps, load(after, before), exact)
 
 
 def route_window(after: Samples, before: Samples, route: str) -> RouteWindow:
@@ -121,7 +140,9 @@ def reading(
     """The route's speedups, its options by draft length over the window between the two
     pages, and the best draft length it names (or its top two, where they are within its
     error): the sidecar's own reading (`core.reading.read_route`)."""
-    mine = read_route(route_window(after, before, route), steps, own_positions)
+    mine = read_route(
+        route_window(after, before, route), steps, own_positions, drift(after, before, steps)
+    )
     by_length = {o.draft_length: o.speedup for o in mine.options}
     said = mine.best.draft_length if mine.best else sweep.top_two(by_length)
     return mine.payoff, by_length, said

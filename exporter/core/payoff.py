@@ -361,11 +361,14 @@ class Drift:
 
 def curve_drift(curve: StepCurve | None, load: Load, exact: Decode) -> Drift | None:
     """The drift over a window from every route's counted requests of a model (`exact`: their
-    decode seconds and steps, the draft tokens in them) at the engine's `load`; None without a
-    load-aware curve, counted steps or a batch."""
+    decode seconds and steps) at the engine's `load` (its batch, context and the draft tokens
+    per decode step its counted steps ran); None without a load-aware curve, counted steps or
+    a batch."""
     if curve is None or not curve.load_aware or load.running is None:
         return None
-    observed, drafts = exact.seconds_per_step, exact.drafts_per_step
+    observed = exact.seconds_per_step
+    # the drafts per step the cost ratio is read at (every route's counted steps)
+    drafts = load.drafts_per_step if load.drafts_per_step is not None else exact.drafts_per_step
     if observed is None or drafts is None:
         return None
     expected = curve.seconds(drafts, load.running, load.context)

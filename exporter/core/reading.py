@@ -50,7 +50,8 @@ def read_route(
     """The route's reading. `own_positions`: its per-position counts are its requests' own
     (vLLM, SGLang), not the engine's apportioned (llama.cpp: its profile is then modelled).
     `drift`: the model's engine against its curve over the window (`core.payoff.curve_drift`),
-    which widens every speculative option's half-width (`Drift.widening`)."""
+    which widens every speculative option's half-width (`Drift.widening`), not the best
+    draft length's judgement."""
     r = ratios(window.counts)
     payoff = Speedups.at_load(
         curve, window.load, r.mean_acceptance_length, window.decoded, window.exact
@@ -60,6 +61,10 @@ def read_route(
     interval = window.moments.interval()
     drafted = observed_draft_length(window.counts, payoff, scheduled)
     options = options_by_draft_length(window.counts, payoff, interval, own_positions, drafted)
+    # the best draft length is judged on the acceptance's half-widths: the drift moves every
+    # speculative option alike where the speculative step moved alone, and none where the
+    # whole engine did, which no live figure tells apart (docs/metrics.md)
+    best = best_draft_length(options)
     if drift is not None:
         options = [
             replace(o, halfwidth=o.halfwidth + drift.widening(o.speedup))
@@ -67,11 +72,4 @@ def read_route(
             else o
             for o in options
         ]
-    return RouteReading(
-        r.acceptance,
-        r.mean_acceptance_length,
-        interval,
-        payoff,
-        options,
-        best_draft_length(options),
-    )
+    return RouteReading(r.acceptance, r.mean_acceptance_length, interval, payoff, options, best)
