@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import aiohttp
 from exporter.measure.scenarios import builtin
 from exporter.measure.stream_client import stream_chat
 from exporter.measure.workload import WORKLOADS
+from harness.helpers import specdec
 
 # the two routes, each request's cap heavy-tailed around its route's mean (on the simulator
 # with long prompts, one cap per route split the routes' A/B figures 10 % around their tokens
@@ -141,3 +143,55 @@ def point(r: dict[str, Any]) -> str:
     if r.get("verify_drafts") == 0:  # a schedule's k = 0: its spec phase ran plain steps
         keys.pop("verify_seconds"), keys.pop("verify_drafts"), keys.pop("verify_spread")
     return ", ".join(f"{name}: {r[key]}" for key, name in keys.items() if r.get(key) is not None)
+
+
+def sidecar_config(
+    tmp: Path,
+    ports: tuple[int, int],
+    levels: list[dict[str, Any]],
+    window: float,
+    interval: float,
+    schedule: str = "",
+) -> Path:
+    """`specdec serve`'s config for a speculative simulator on ports[0] with the proxy on
+    ports[1] (the two routes by header), the model's curve measure's `levels`, one window of
+    `window` seconds, scraped every `interval`; `schedule`: the model's draft_length_schedule."""
+    spec_port, proxy_port = ports
+    points = "\n".join(f"      - {{{point(r)}}}" for r in levels)
+    text = f"""targets:
+  - name: sim
+    url: http://127.0.0.1:{spec_port}/metrics
+    interval: {interval * 1000:.0f}ms
+windows: [{window:.0f}s]
+proxy:
+  upstream: http://127.0.0.1:{spec_port}
+  listen: 127.0.0.1:{proxy_port}
+  target: sim
+  routes:
+    - name: voice_chat
+      when: {{header: {{x-route: voice}}}}
+    - name: coding_agent
+      when: {{header: {{x-route: agent}}}}
+models:
+  - name: sim-27b
+    num_speculative_tokens: 3
+    step_cost_ratio: {levels[0]["verify_seconds"] / levels[0]["plain_seconds"]:.3f}
+    step_time:
+{points}
+""" + (f"    draft_length_schedule: {schedule}\n" if schedule else "")
+    path = tmp / "specdec.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def measured(
+    spec: str, plain: str, pack: Path, levels: tuple[int, ...], *extra: str
+) -> list[dict[str, Any]]:
+    """`specdec measure --concurrency LEVELS` of `pack`'s scenarios against the two endpoints
+    (with `extra` flags): its --json levels, one per level asked."""
+    args = ["measure", "--base-url", spec, "--baseline-url", plain, "--scenario-file", str(pack)]
+    args += ["--concurrency", ",".join(map(str, levels)), "--json", *extra]
+    out = subprocess.run(specdec(*args), capture_output=True, text=True, check=True, timeout=600)
+    found: list[dict[str, Any]] = json.loads(out.stdout)["levels"]
+    assert [r["concurrency"] for r in found] == list(levels)
+    return found

@@ -25,15 +25,7 @@ from typing import Any
 from bench.gpu import product, sweep
 from bench.gpu.product import Samples
 from exporter.core.counts import Counts
-from exporter.core.payoff import (
-    Decode,
-    Drift,
-    Load,
-    Speedups,
-    StepCurve,
-    StepPoint,
-    curve_drift,
-)
+from exporter.core.payoff import Decode, Drift, Load, Speedups, StepCurve, StepPoint, curve_drift
 from exporter.core.reading import RouteWindow, read_route
 from exporter.core.stats import RequestMoments
 

@@ -279,17 +279,6 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="recorded OUT folders (measure.log, logs/)")
-    add_outputs(ap)
-    args = ap.parse_args(argv)
-    runs = [recompute(out) for out in args.runs]
-    print("\n".join(table(runs)))
-    keep(args, "gpu_remeasure", {"tables": [summary(runs)], "reports": runs})
-    return 0
-
-
 def summary(runs: list[dict[str, Any]], levels: tuple[str, ...] = ("16", "32")) -> dict[str, Any]:
     """The doc's table: per run and level, the plain and verify steps by the old and the new
     estimator, the sidecar's error against the A/B both ways, and the drift it would export."""
@@ -320,6 +309,17 @@ def summary(runs: list[dict[str, Any]], levels: tuple[str, ...] = ("16", "32")) 
         ],
         "rows": rows,
     }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Every run given, the table printed; --json / --record keep the doc's table and the rest."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="recorded OUT folders (measure.log, logs/)")
+    add_outputs(ap)
+    runs = [recompute(out) for out in ap.parse_args(argv).runs]
+    print(*table(runs), sep="\n")
+    keep(ap.parse_args(argv), "gpu_remeasure", {"tables": [summary(runs)], "reports": runs})
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,17 +20,16 @@ test_payoff_at_load.py's runs at c = 8, spec, plain, spec, plain. Per case:
 
 from __future__ import annotations
 
-import json
+import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.ab_traffic import ROUTES, alternate, point, routes_pack
+from harness.ab_traffic import ROUTES, alternate, measured, routes_pack, sidecar_config
 from harness.helpers import child, free_port, http_get, specdec, wait_for
 from harness.pages import Page, samples, value
 
@@ -62,57 +61,10 @@ CASES = [
 
 @dataclass
 class Rig:
-    spec: str
-    plain: str
-    proxy: str
-    metrics: str
     case: Case
-
-
-def measure(spec: str, plain: str, tmp: Path) -> list[dict[str, Any]]:
-    args = ["measure", "--base-url", spec, "--baseline-url", plain]
-    args += ["--scenario-file", str(routes_pack(tmp, 0)), "--context-tokens", "0"]
-    args += ["--concurrency", ",".join(map(str, LEVELS)), "--json"]
-    out = subprocess.run(
-        specdec(*args),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    levels: list[dict[str, Any]] = json.loads(out.stdout)["levels"]
-    assert [r["concurrency"] for r in levels] == list(LEVELS)
-    return levels
-
-
-def config(tmp: Path, spec_port: int, proxy_port: int, levels: list[dict[str, Any]]) -> Path:
-    points = "\n".join(f"      - {{{point(r)}}}" for r in levels)
-    path = tmp / "specdec.yaml"
-    path.write_text(
-        f"""targets:
-  - name: sim
-    url: http://127.0.0.1:{spec_port}/metrics
-    interval: {INTERVAL * 1000:.0f}ms
-windows: [{WINDOW:.0f}s]
-proxy:
-  upstream: http://127.0.0.1:{spec_port}
-  listen: 127.0.0.1:{proxy_port}
-  target: sim
-  routes:
-    - name: voice_chat
-      when: {{header: {{x-route: voice}}}}
-    - name: coding_agent
-      when: {{header: {{x-route: agent}}}}
-models:
-  - name: {MODEL}
-    num_speculative_tokens: 3
-    step_cost_ratio: {levels[0]["verify_seconds"] / levels[0]["plain_seconds"]:.3f}
-    step_time:
-{points}
-""",
-        encoding="utf-8",
-    )
-    return path
+    proxy: str  # the sidecar's proxy in front of the speculative simulator
+    plain: str
+    metrics: str  # the sidecar's page
 
 
 def restart(url: str) -> None:
@@ -139,22 +91,28 @@ def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     ):
         for url in (spec, plain):
             wait_for(lambda u=url: http_get(u + "/v1/models"), what=f"{url} up")
-        levels = measure(spec, plain, tmp)
+        levels = measured(spec, plain, routes_pack(tmp, 0), LEVELS, "--context-tokens", "0")
         for url in (spec, plain):  # the next start of both: the shifted one runs shifted now
             restart(url)
-        path = config(tmp, spec_port, proxy_port, levels)
+        path = sidecar_config(tmp, (spec_port, proxy_port), levels, WINDOW, INTERVAL)
         serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
         with child(serve, tmp / "serve.log"):
             metrics = f"http://127.0.0.1:{side_port}/metrics"
             wait_for(lambda: http_get(metrics), what="the sidecar up")
-            yield Rig(spec, plain, f"http://127.0.0.1:{proxy_port}", metrics, case)
+            yield Rig(case, f"http://127.0.0.1:{proxy_port}", plain, metrics)
 
 
 def test_the_drift_reads_the_shift_and_the_band_covers_the_truth(rig: Rig) -> None:
-    def read() -> Page:
-        return samples(http_get(rig.metrics))
+    def read() -> tuple[str, Page]:
+        text = http_get(rig.metrics)
+        return text, samples(text)
 
-    spec, plain, seen = alternate(rig.proxy, rig.plain, MODEL, LIVE, PHASE, read)
+    spec, plain, (text, seen) = alternate(rig.proxy, rig.plain, MODEL, LIVE, PHASE, read)
+    if promtool := shutil.which("promtool"):  # the page with the drift families stays clean
+        lint = subprocess.run(
+            [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
+        )
+        assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint
     drift = value(seen, "specdec_model_curve_drift_ratio", model_name=MODEL)
     tolerance = value(seen, "specdec_model_curve_drift_tolerance_ratio", model_name=MODEL)
     report: list[tuple[Any, ...]] = []

@@ -28,15 +28,13 @@ the cost ratio there.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from harness.ab_traffic import ROUTES, alternate, point, routes_pack
+from harness.ab_traffic import ROUTES, alternate, measured, routes_pack, sidecar_config
 from harness.helpers import child, free_port, http_get, specdec, wait_for
 from harness.pages import Page, samples, value
 
@@ -85,60 +83,6 @@ class Rig:
     case: Case
 
 
-def curve(spec: str, plain: str, tmp: Path, longer: int) -> list[dict[str, float]]:
-    out = subprocess.run(
-        specdec(
-            "measure",
-            "--base-url",
-            spec,
-            "--baseline-url",
-            plain,
-            "--scenario-file",
-            str(routes_pack(tmp, longer)),
-            "--concurrency",
-            ",".join(map(str, LEVELS)),
-            "--json",
-        ),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    )
-    levels: list[dict[str, float]] = json.loads(out.stdout)["levels"]
-    assert [r["concurrency"] for r in levels] == list(LEVELS)
-    return levels
-
-
-def config(
-    tmp: Path, spec_port: int, proxy_port: int, levels: list[dict[str, float]], schedule: str
-) -> Path:
-    points = "\n".join(f"      - {{{point(r)}}}" for r in levels)
-    text = f"""targets:
-  - name: sim
-    url: http://127.0.0.1:{spec_port}/metrics
-    interval: {INTERVAL * 1000:.0f}ms
-windows: [{WINDOW:.0f}s]
-proxy:
-  upstream: http://127.0.0.1:{spec_port}
-  listen: 127.0.0.1:{proxy_port}
-  target: sim
-  routes:
-    - name: voice_chat
-      when: {{header: {{x-route: voice}}}}
-    - name: coding_agent
-      when: {{header: {{x-route: agent}}}}
-models:
-  - name: sim-27b
-    num_speculative_tokens: 3
-    step_cost_ratio: {levels[0]["verify_seconds"] / levels[0]["plain_seconds"]:.3f}
-    step_time:
-{points}
-""" + (f"    draft_length_schedule: {schedule}\n" if schedule else "")
-    path = tmp / "specdec.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])
 def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Rig]:
     case: Case = request.param
@@ -157,8 +101,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     ):
         for url in (spec, plain):
             wait_for(lambda u=url: http_get(u + "/v1/models"), what=f"{url} up")
-        levels = curve(spec, plain, tmp, case.measured_longer)
-        path = config(tmp, spec_port, proxy_port, levels, schedule)
+        levels = measured(spec, plain, routes_pack(tmp, case.measured_longer), LEVELS)
+        path = sidecar_config(tmp, (spec_port, proxy_port), levels, WINDOW, INTERVAL, schedule)
         serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
         with child(serve, tmp / "serve.log"):
             metrics = f"http://127.0.0.1:{side_port}/metrics"
