@@ -14,8 +14,9 @@ from exporter.config import (
     Config,
     ConfigError,
     ModelConfig,
+    Placeholder,
     from_flags,
-    load,
+    load_with_placeholders,
 )
 from exporter.config.nodes import Reader
 from exporter.process import AddressInUse, check_free
@@ -27,7 +28,9 @@ def register(add_verb: AddVerb) -> None:
         "serve",
         help="scrape vLLM /metrics and export rolling acceptance",
         description="Scrape one or more vLLM /metrics endpoints continuously and serve derived "
-        "speculative-decoding metrics (counters and rolling gauges) on the sidecar's own /metrics.",
+        "speculative-decoding metrics (counters and rolling gauges) on the sidecar's own /metrics. "
+        "SIGTERM or SIGINT drains the proxy's requests in flight and exits 0; a second one during "
+        "the drain cuts them and exits 1. SIGHUP reloads the config.",
     )
     p.add_argument(
         "--config",
@@ -74,7 +77,15 @@ def register(add_verb: AddVerb) -> None:
         "--check",
         action="store_true",
         help="read the config and flags, print what would be served and exit 0 (2 with the "
-        "errors); starts nothing, so it may run beside the live sidecar",
+        "errors, all of them, in the file's order), with a warning per value still a "
+        "placeholder; starts nothing, so it may run beside the live sidecar",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --check: exit 1 where the config still holds a placeholder (a value tagged "
+        "!placeholder, as the starter deploy/specdec.yaml's examples are); without it each is "
+        "a warning and the exit 0",
     )
     p.add_argument(
         "--log-level",
@@ -85,15 +96,27 @@ def register(add_verb: AddVerb) -> None:
     p.set_defaults(run=run)
 
 
+EXIT_PLACEHOLDERS = 1  # --check --strict: the config loads, but still holds a placeholder
+
+
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
+    if args.strict and not args.check:
+        print("specdec serve: --strict goes with --check", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        config = _serve_config(args)
+        config, placeholders = _configured(args)
     except ConfigError as exc:
         for message in exc.messages:
             print(f"specdec serve: config error: {message}", file=sys.stderr)
         return EXIT_USAGE
     if args.check:
+        for placeholder in placeholders:
+            print(f"specdec serve: warning: {placeholder}", file=sys.stderr)
+        if args.strict and placeholders:
+            left = f"{len(placeholders)} placeholder(s) left (--strict)"
+            print(f"specdec serve: {left}", file=sys.stderr)
+            return EXIT_PLACEHOLDERS
         print(f"specdec serve: {summary(config)}")
         return 0
     try:
@@ -101,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     except AddressInUse as exc:
         print(f"specdec serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    for placeholder in placeholders:  # it runs, but its figures rest on an example's values
+        where = f"{placeholder.source}:{placeholder.line}"
+        logs.get("serve").warning(
+            "placeholder in the config", where=where, key=placeholder.key, value=placeholder.value
+        )
     from exporter.sidecar import serve
 
     return serve(config, lambda: _serve_config(args))  # SIGHUP: read again, same flags
@@ -140,12 +168,18 @@ def _addresses(args: argparse.Namespace, config: Config) -> list[tuple[str, int,
 
 
 def _serve_config(args: argparse.Namespace) -> Config:
+    """The config the flags give (a SIGHUP reads it again with the same flags)."""
+    return _configured(args)[0]
+
+
+def _configured(args: argparse.Namespace) -> tuple[Config, tuple[Placeholder, ...]]:
+    """The config the flags give, and the config file's placeholders (none from flags)."""
     if args.config and args.target:
         raise ConfigError(
             "command line", None, "--target", "give either --config or --target, not both"
         )
     if args.config:
-        config = load(args.config)
+        config, placeholders = load_with_placeholders(args.config)
         if args.listen:
             config = replace(config, listen=from_flags([], args.listen, 1.0, None).listen)
         if args.proxy_listen:
@@ -157,7 +191,7 @@ def _serve_config(args: argparse.Namespace) -> Config:
                 args.proxy_listen, None, "--proxy-listen"
             )
             config = replace(config, proxy=replace(config.proxy, listen=listen))
-        return config
+        return config, placeholders
     if args.proxy_listen:
         raise ConfigError(
             "command line", None, "--proxy-listen", "the proxy needs a config file (--config)"
@@ -166,4 +200,4 @@ def _serve_config(args: argparse.Namespace) -> Config:
         raise ConfigError(
             "command line", None, "--target", "give at least one --target URL or --config FILE"
         )
-    return from_flags(args.target, args.listen, args.interval, args.window)
+    return from_flags(args.target, args.listen, args.interval, args.window), ()

@@ -1,7 +1,8 @@
 """The sidecar's configuration: one YAML file -> typed, validated dataclasses (schema.py).
 
 Every error names the file, the line and the key (`specdec.yaml:7: targets[1].interval: ...`)
-so a bad deploy is fixed in one look, and a file with several errors reports them all.
+so a bad deploy is fixed in one look, and a file with several errors reports them all, in the
+file's order. Values tagged `!placeholder` load, and are named (`load_with_placeholders`).
 Unknown keys are errors: a typo must not be ignored. CLI flags build the same `Config`
 (`from_flags`).
 """
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.config.nodes import ConfigError, compose
+from exporter.config.nodes import INVALID, ConfigError, Placeholder, compose, placeholders
 from exporter.config.schema import (
     DEFAULT_INTERVAL,
     DEFAULT_KIND,
@@ -27,6 +28,7 @@ from exporter.config.schema import (
     Route,
     StepTimePoint,
     Target,
+    as_read,
     child,
     default_name,
     metrics_url,
@@ -43,6 +45,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ModelConfig",
+    "Placeholder",
     "ProxyConfig",
     "Route",
     "StepTimePoint",
@@ -50,35 +53,46 @@ __all__ = [
     "default_name",
     "from_flags",
     "load",
+    "load_with_placeholders",
     "redact",
 ]
 
 
 def load(path: str | Path) -> Config:
     """Read and validate a YAML config file; ConfigError (every error in it) on any problem."""
+    return load_with_placeholders(path)[0]
+
+
+def load_with_placeholders(path: str | Path) -> tuple[Config, tuple[Placeholder, ...]]:
+    """`load`, and the values the file tags `!placeholder` (`specdec serve --check` names
+    them): ConfigError with every error of the file, in its order, in one run."""
     source = str(path)
     root = compose(path)
     if root is None:
         raise ConfigError(source, 1, "", "the file is empty; it needs at least `targets:`")
     reader = ConfigReader(source)
     config = read(reader, Config, root, "")
+    _check_intervals(reader, root)
     reader.raise_errors()
-    shortest = min(w.seconds for w in config.windows)
+    return config, tuple(placeholders(source, root))
+
+
+def _check_intervals(reader: ConfigReader, root: yaml.Node) -> None:
+    """Each target's interval against the shortest window, wherever both were read (the rest
+    of the file may have errors: they are all reported together)."""
+    if not isinstance(root, yaml.MappingNode):
+        return
+    windows = as_read(reader, Config, root, "", "windows")
     targets = child(root, "targets")
-    for i, target in enumerate(config.targets):
-        if target.interval >= shortest:
-            node = (
-                child(targets.value[i], "interval")
-                if isinstance(targets, yaml.SequenceNode)
-                else targets
-            )
-            reader.errors.append(
-                reader.fail(
-                    node, f"targets[{i}].interval", _interval_message(target.interval, shortest)
-                )
-            )
-    reader.raise_errors()
-    return config
+    if windows is INVALID or not isinstance(targets, yaml.SequenceNode):
+        return
+    shortest = min(w.seconds for w in windows)
+    for i, node in enumerate(targets.value):
+        interval = as_read(reader, Target, node, f"targets[{i}]", "interval")
+        if interval is not INVALID and interval >= shortest:
+            key = f"targets[{i}].interval"
+            message = _interval_message(interval, shortest)
+            reader.errors.append(reader.fail(child(node, "interval"), key, message))
 
 
 def _interval_message(interval: float, shortest: float) -> str:

@@ -1,13 +1,15 @@
 """Reading YAML node by node, so every error can name the file, the line and the key.
 
 Each check takes (reader, node, key) and returns the value or raises ConfigError; a reader
-collects the errors of a whole file (`attempt`), so one run reports all of them.
+collects the errors of a whole file (`attempt`), so one run reports all of them, in the file's
+order. A value tagged `!placeholder` stands in for the user's own (`placeholders`).
 """
 
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -20,6 +22,7 @@ from exporter.core.windows import Window, parse_window
 T = TypeVar("T")
 Check = Callable[["Reader", yaml.Node, str], Any]
 INVALID: Any = object()  # what `attempt` returns for a value whose check failed
+PLACEHOLDER = "!placeholder"  # the YAML tag of a value that stands in for the user's own
 
 
 class ConfigError(Exception):
@@ -27,6 +30,7 @@ class ConfigError(Exception):
 
     def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
         where = source if line is None else f"{source}:{line}"
+        self.line = line
         self.messages = [f"{where}: {key}: {message}" if key else f"{where}: {message}"]
         super().__init__(self.messages[0])
 
@@ -63,6 +67,9 @@ class Reader:
     def __init__(self, source: str) -> None:
         self.source = source
         self.errors: list[ConfigError] = []
+        # each field's value that passed its own check, by key path (`targets[0].interval`):
+        # a check across fields runs on them even where the rest of the file has errors
+        self.found: dict[str, Any] = {}
 
     def fail(self, node: yaml.Node | None, key: str, message: str) -> ConfigError:
         return ConfigError(
@@ -78,8 +85,10 @@ class Reader:
             return INVALID
 
     def raise_errors(self) -> None:
+        """Every error kept, in the file's order: one fix-up pass from top to bottom (the
+        checks run in the schema's order, and a cross-field check after the fields)."""
         if self.errors:
-            raise ConfigError.several(self.errors)
+            raise ConfigError.several(sorted(self.errors, key=lambda e: e.line or 0))
 
     def mapping(
         self, node: yaml.Node, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
@@ -184,6 +193,45 @@ class Reader:
 
     def text(self, node: yaml.Node, key: str) -> str:
         return self.scalar(node, key, str, "a string")
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """A value the file tags `!placeholder` (the starter config's examples): it loads and
+    runs, but is nobody's real figure, so `specdec serve --check` names it."""
+
+    source: str
+    line: int
+    key: str
+    value: str  # as shown: a scalar quoted as written, else what the list or mapping is
+
+    def __str__(self) -> str:
+        return (
+            f"{self.source}:{self.line}: {self.key}: {self.value} is a placeholder "
+            f"({PLACEHOLDER}): put in your own and drop the tag"
+        )
+
+
+def placeholders(source: str, node: yaml.Node | None, key: str = "") -> Iterator[Placeholder]:
+    """Every node tagged `!placeholder` under `node`, in the file's order, with its key path
+    as errors name it (`models[0].step_cost_ratio`)."""
+    if node is None:
+        return
+    if node.tag == PLACEHOLDER:
+        if isinstance(node, yaml.ScalarNode):
+            shown = repr(node.value)
+        else:
+            kind = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+            n = len(node.value)
+            shown = f"the {kind} ({n} item{'' if n == 1 else 's'})"
+        yield Placeholder(source, node.start_mark.line + 1, key or "(the file)", shown)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+            yield from placeholders(source, v, f"{key}.{name}" if key else name)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from placeholders(source, item, f"{key}[{i}]")
 
 
 # --- checks, for the `check` of a config field (schema.py) ----------------------------------

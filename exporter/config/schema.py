@@ -321,12 +321,13 @@ def _targets(r: Reader, node: yaml.Node, key: str) -> tuple[Target, ...]:
 
 def _proxy(r: Reader, node: yaml.Node, key: str) -> ProxyConfig:
     proxy = read(r, ProxyConfig, node, key)
-    if proxy is not INVALID and proxy.max_buffered_bytes < proxy.max_body_bytes:
+    body = as_read(r, ProxyConfig, node, key, "max_body_bytes")
+    held = as_read(r, ProxyConfig, node, key, "max_buffered_bytes")
+    if body is not INVALID and held is not INVALID and held < body:
         raise r.fail(
             child(node, "max_buffered_bytes"),
             f"{key}.max_buffered_bytes",
-            f"must be at least max_body_bytes ({proxy.max_body_bytes}): a body of that size "
-            "could never be held",
+            f"must be at least max_body_bytes ({body}): a body of that size could never be held",
         )
     return proxy
 
@@ -356,11 +357,13 @@ class Breakdown:
 
 def _breakdown(r: Reader, node: yaml.Node, key: str) -> Breakdown:
     found = read(r, Breakdown, node, key)
-    if found is not INVALID and found.baseline.seconds <= found.window.seconds:
+    window = as_read(r, Breakdown, node, key, "window")
+    baseline = as_read(r, Breakdown, node, key, "baseline")
+    if window is not INVALID and baseline is not INVALID and baseline.seconds <= window.seconds:
         raise r.fail(
             child(node, "baseline"),
             f"{key}.baseline",
-            f"must be longer than the window ({found.window.label}): the change is the window "
+            f"must be longer than the window ({window.label}): the change is the window "
             "against what the baseline holds",
         )
     return found
@@ -435,13 +438,29 @@ def read(r: Reader, cls: type[C], node: yaml.Node, key: str) -> C:
         group, name = f.metadata["group"], yaml_key(f)
         level = levels.get(group)
         if isinstance(level, dict) and name in level:
-            values[f.name] = r.attempt(f.metadata["check"], level[name], _join(key, group, name))
+            path = _join(key, group, name)
+            values[f.name] = r.attempt(f.metadata["check"], level[name], path)
+            if values[f.name] is not INVALID:
+                r.found[path] = values[f.name]
     if len(r.errors) > before:
         return INVALID  # type: ignore[no-any-return]
     for f in fields(cls):
         if f.name not in values and f.metadata["fallback"] is not None:
             values[f.name] = f.metadata["fallback"](values)
     return cls(**values)
+
+
+def as_read(r: Reader, cls: type, node: yaml.Node, key: str, name: str) -> Any:
+    """Field `name` of the `cls` mapping at `node` as its own check read it, whatever else
+    failed: a check across fields runs on it, so one run reports its error beside the others.
+    The field's default where the mapping leaves it out; INVALID where its check failed, or
+    `node` is no mapping."""
+    f = next(f for f in fields(cls) if f.name == name)
+    if not isinstance(node, yaml.MappingNode) or f.metadata["group"]:
+        return INVALID
+    if child(node, yaml_key(f)) is node:  # not given
+        return INVALID if f.default is MISSING else f.default
+    return r.found.get(_join(key, yaml_key(f)), INVALID)
 
 
 def default_name(url: str) -> str:
