@@ -1,4 +1,5 @@
-# Humans' shortcuts. CI runs .ci/run, which ends in the README's test command (`make test-all`).
+# Humans' shortcuts. `make test` is the README's test command (the fast tier); CI runs .ci/run,
+# which ends in `make test-all` (everything: the README's "Everything CI does").
 PY ?= python3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 

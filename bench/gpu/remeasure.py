@@ -47,7 +47,9 @@ from exporter.measure.steps import AGREE, Steady, fastest, per_step, pooled, spr
 STAMP = r"(\d+)\.(\d+)\.(\d+)\.(\d+) I slot print_timing: id +\d+ \| task (\d+) \|\s+"
 TIMING = re.compile(STAMP + r"(prompt eval|eval) time =\s+([\d.]+) ms /\s+(\d+) tokens")
 ACCEPTED = re.compile(STAMP + r"draft acceptance = [\d.]+ \(\s*(\d+) accepted")
-DONE = re.compile(r"specdec measure: (c=(\d+) [^:]+): [^:]+: (\d+) request")
+# a phase's progress line: `c=4 plain, replicate 2: s: 16 request(s) done`; since issue 60 the
+# scenario names its endpoint: `... 2: s on http://127.0.0.1:8002: 16 request(s) done`
+DONE = re.compile(r"specdec measure: (c=(\d+) [^:]+): .+?: (\d+) request")
 
 
 @dataclass(frozen=True)

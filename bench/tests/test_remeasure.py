@@ -90,3 +90,13 @@ def test_the_phases_are_measures_in_order_and_the_fastest_is_kept(run: Path) -> 
     assert row["sidecar"]["voice_chat"]["new_error"] == pytest.approx(
         0.88 * old_cost / new_cost / 0.8 - 1, abs=1e-3
     )
+
+
+def test_a_phase_line_reads_with_or_without_its_endpoint() -> None:
+    """measure's progress lines name the endpoint since issue 60; the recorded runs' do not."""
+    log = [
+        "specdec measure: c=4 plain, replicate 2: s: 16 request(s) done",
+        "specdec measure: c=8 plain: s on http://127.0.0.1:8002: 24 request(s) done",
+        "specdec measure: phase 2/18 done (c=8 plain on http://127.0.0.1:8002, 24 requests) in 9s",
+    ]
+    assert remeasure.labelled(log) == [("c=4 plain, replicate 2", 4, 16), ("c=8 plain", 8, 24)]

@@ -44,6 +44,24 @@ EXIT_FAILED = 1
 DEFAULT_CONTEXT_TOKENS = 512
 
 
+HOW_LONG = (
+    "How long the curve takes: several --concurrency levels run levels x 2 sides (speculative, "
+    "plain) x (--replicates, + 1 with --context-tokens) phases, each sending every prompt at "
+    "least --runs times and at least 3 x the level's concurrency requests; measure prints this "
+    "plan before the first request and the time left after each phase. Shorter, and what it "
+    "costs: --replicates 1 (12 phases of the defaults' 18): no error over the run (*_spread), "
+    "so one disturbed phase goes unseen (on a GPU one read a step 23% off another of the same "
+    "start) and the sidecar's drift check holds the live step to the curve within its 3% floor "
+    "only; --context-tokens 0 (12 of 18): no per-context-token slopes, so the sidecar reads the "
+    "curve at measure's own context (at 4x it the cost ratio moved ~8% on the simulator at batch "
+    "32); fewer levels: the curve is linear between its points and flat beyond the highest "
+    "(advise says nothing past it); fewer prompts (a --scenario-file) shorten the low levels "
+    "most, which send every prompt once, one after another at c=1: a step's standard error "
+    "(*_error) grows as about 1/sqrt of the decode it reads. --runs (default 1) only lengthens. "
+    "More: docs/metrics.md, 'How long measure --concurrency takes'."
+)
+
+
 def register(add_verb: AddVerb) -> None:
     p = add_verb(
         "measure",
@@ -54,6 +72,7 @@ def register(add_verb: AddVerb) -> None:
         "from vLLM's per-request objects, tokens per step; with a baseline (the same model "
         "without speculation) the speedup, step cost ratio and break-even acceptance, printed as "
         "a ready `models:` block for the sidecar config.",
+        epilog=HOW_LONG,
     )
     p.add_argument(
         "--base-url",
@@ -88,7 +107,7 @@ def register(add_verb: AddVerb) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="how many times each prompt is sent (default 1)",
+        help="how many times each prompt is sent at least (default 1; more only lengthens)",
     )
     p.add_argument(
         "--concurrency",

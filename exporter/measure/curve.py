@@ -40,6 +40,7 @@ from functools import partial
 import aiohttp
 
 from exporter.engines.base import LoadHooks
+from exporter.measure.forecast import FEWER, LONGER, PLAIN, SPEC, Forecast, Planned, curve_plan
 from exporter.measure.level import Level, Phase
 from exporter.measure.runner import (
     MeasureError,
@@ -51,6 +52,7 @@ from exporter.measure.runner import (
     interleaved,
     model_name,
     replay,
+    shown,
 )
 from exporter.measure.scenarios import Scenario
 from exporter.scrape.exposition import scan
@@ -143,6 +145,11 @@ async def _shorter_drafts(
     return True
 
 
+def phase_requests(scenarios: list[Scenario], runs: list[int]) -> int:
+    """The requests of a phase that sends each scenario's prompts `runs` times."""
+    return sum(r * len(s.prompts) for s, r in zip(scenarios, runs, strict=True))
+
+
 def level_runs(scenarios: list[Scenario], concurrency: int, runs: int) -> list[int]:
     """How many times each scenario's prompts are sent at a level: enough requests that the
     batch stays near it (>= LEVEL_ROUNDS x the concurrency in all), shared by the scenarios'
@@ -174,10 +181,41 @@ async def measure_curve(
     `longer` tokens of context more (`Scenario.lengthened`): a step's cost per token of
     context, which the sidecar reads the curve at the live context with. Then the other
     `replicates` - 1 rounds of spec and plain over every level, and one more for a level where
-    a side's do not agree (`Level.agrees`). Appends to `into`."""
+    a side's do not agree (`Level.agrees`). Appends to `into`. Says its plan first and the
+    time left after each phase (`forecast.Forecast`, through `plan.note`)."""
+    requests = {c: phase_requests(scenarios, level_runs(scenarios, c, plan.runs)) for c in levels}
+    fewer = plan.engine.draft_length_fields(1) is not None
+    forecast = Forecast(curve_plan(requests, replicates, longer > 0, fewer), plan.note)
+    forecast.maybe = 2 * len(requests) if replicates > 1 else 0
     async with client_session(plan.engine) as client:
         spec_model = model or await model_name(client, spec_url)
         plain_model = await model_name(client, plain_url)
+        plan.note(forecast.describe(shown(spec_url), shown(plain_url), replicates, longer))
+
+        async def run(
+            spec: bool,
+            scenarios: list[Scenario],
+            runs: list[int],
+            at: Plan,
+            phase: Phase,
+            label: str,
+            kind: str,
+        ) -> None:
+            """One phase against the speculative or the plain endpoint, timed for the forecast."""
+            url, name = (spec_url, spec_model) if spec else (plain_url, plain_model)
+            planned = Planned(at.concurrency, kind, phase_requests(scenarios, runs))
+            started, ended = time.monotonic(), 0
+
+            def progress(scenario: str, done: int, todo: int) -> None:
+                nonlocal ended
+                ended += 1
+                at.progress(scenario, done, todo)
+                forecast.during(planned, ended, time.monotonic() - started)
+
+            timed = replace(at, progress=progress)
+            await _phase(client, url, name, scenarios, runs, timed, phase, label)
+            forecast.done(planned, time.monotonic() - started, f"{label} on {shown(url)}")
+
         honoured = True  # the engine drafts what a request asks (until a phase says otherwise)
         measured: list[tuple[Level, list[int], Plan]] = []
         for concurrency in levels:
@@ -186,45 +224,38 @@ async def measure_curve(
             runs = level_runs(scenarios, concurrency, plan.runs)
             at = replace(plan, concurrency=concurrency)
             measured.append((level, runs, at))
-            side = f"c={concurrency} speculative"
-            await _phase(client, spec_url, spec_model, scenarios, runs, at, level.spec, side)
+            side = f"c={concurrency} {SPEC}"
+            await run(True, scenarios, runs, at, level.spec, side, SPEC)
             if honoured:
-                spec = partial(_phase, client, spec_url, spec_model, runs=runs, plan=at)
+                spec = partial(run, True, runs=runs, at=at, kind=FEWER)
                 honoured = await _shorter_drafts(level, scenarios, plan.engine, spec)
-            side = f"c={concurrency} plain"
-            await _phase(client, plain_url, plain_model, scenarios, runs, at, level.plain, side)
+            forecast.drop_fewer_drafts(concurrency, every=not honoured)
+            side = f"c={concurrency} {PLAIN}"
+            await run(False, scenarios, runs, at, level.plain, side, PLAIN)
             if longer > 0:
                 lengthened = [s.lengthened(longer) for s in scenarios]
                 level.longer = (Phase(), Phase())
-                for url, name, phase, side in zip(
-                    (spec_url, plain_url),
-                    (spec_model, plain_model),
-                    level.longer,
-                    ("speculative", "plain"),
-                    strict=True,
+                for is_spec, phase, kind in zip(
+                    (True, False), level.longer, (SPEC, PLAIN), strict=True
                 ):
-                    label = f"c={concurrency} {side}, longer context"
-                    await _phase(client, url, name, lengthened, runs, at, phase, label)
+                    label = f"c={concurrency} {kind}{LONGER}"
+                    await run(is_spec, lengthened, runs, at, phase, label, kind + LONGER)
 
         async def again(level: Level, runs: list[int], at: Plan) -> None:
             """One more replicate of a level: spec, then plain."""
             n = len(level.again) + 2
             level.again.append(pair := (Phase(), Phase()))
-            for url, name, phase, side in zip(
-                (spec_url, plain_url),
-                (spec_model, plain_model),
-                pair,
-                ("speculative", "plain"),
-                strict=True,
-            ):
-                label = f"c={level.concurrency} {side}, replicate {n}"
-                await _phase(client, url, name, scenarios, runs, at, phase, label)
+            for is_spec, phase, kind in zip((True, False), pair, (SPEC, PLAIN), strict=True):
+                label = f"c={level.concurrency} {kind}, replicate {n}"
+                await run(is_spec, scenarios, runs, at, phase, label, kind)
 
         # the other replicates round-robin over the levels: a level's replicates a round apart
         for _ in range(replicates - 1):
             for level, runs, at in measured:
                 await again(level, runs, at)
         if replicates > 1:  # one more round for the levels where no two of a side's agree
-            for level, runs, at in measured:
-                if not level.agrees():
-                    await again(level, runs, at)
+            apart = [(level, runs, at) for level, runs, at in measured if not level.agrees()]
+            n = {level.concurrency: requests[level.concurrency] for level, _, _ in apart}
+            forecast.settle(Planned(c, kind, r) for c, r in n.items() for kind in (SPEC, PLAIN))
+            for level, runs, at in apart:
+                await again(level, runs, at)

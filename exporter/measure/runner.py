@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -115,6 +116,17 @@ def draft_length(counts: Counts) -> int | None:
 Progress = Callable[[str, int, int], None]
 
 
+def stderr_note(line: str) -> None:
+    """A line about the run as a whole (`measure --concurrency`'s plan, the time left)."""
+    print(f"specdec measure: {line}", file=sys.stderr, flush=True)
+
+
+def shown(url: str) -> str:
+    """An endpoint as the progress lines name it: without a user:password it may carry."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+
+
 def stderr_progress(name: str, done: int, todo: int) -> None:
     """A progress bar on a terminal; elsewhere (a log, a CI job) one line per finished run."""
     if sys.stderr.isatty():
@@ -181,6 +193,7 @@ class Plan:
     progress: Progress = stderr_progress
     engine: Engine = DEFAULT
     label: str = ""  # what progress names beside the scenario: measure --concurrency's phase
+    note: Callable[[str], None] = stderr_note  # the run's plan and the time left
 
 
 def interleaved(scenarios: list[Scenario], runs: list[int]) -> list[tuple[Scenario, int]]:
@@ -214,6 +227,7 @@ async def replay(
     url = f"{base_url}/v1/chat/completions"
     flag = plan.engine.request_flag
     draining = False
+    prefix, endpoint = f"{plan.label}: " if plan.label else "", shown(base_url)
 
     async def worker(index: int) -> None:
         nonlocal draining
@@ -239,8 +253,7 @@ async def replay(
             except (RequestFailed, aiohttp.ClientError) as exc:
                 result.failures.append(str(exc) or type(exc).__name__)
             done = len(result.requests) + len(result.failures)
-            name = f"{plan.label}: {scenario.name}" if plan.label else scenario.name
-            plan.progress(name, done, todo[scenario.name])
+            plan.progress(f"{prefix}{scenario.name} on {endpoint}", done, todo[scenario.name])
         if not draining and on_drain is not None:
             on_drain()
         draining = True

@@ -96,6 +96,19 @@ def test_the_readme_is_short_and_has_both_command_blocks() -> None:
     assert "make test-all" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
+def test_the_makefile_and_ci_name_the_readmes_test_commands() -> None:
+    """The README's test command is `make test` (its code block), and what CI runs is `make
+    test-all`; the Makefile's and .ci/run's comments say the same, not the one for the other."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "\nmake test\n" in readme and "then `make test-all`" in " ".join(readme.split())
+    assert "`make test` is the README's test command" in makefile
+    assert "\nmake test-all || status=$?\n" in ci
+    for text in (makefile, ci):
+        assert "README's test command (`make test-all`)" not in text
+
+
 def test_nothing_points_outside_the_repository() -> None:
     suffixes = {".md", ".py", ".ts", ".yml", ".yaml", ".toml"}
     outside = re.compile(r"\.\./shared|/work/|shared/(STATISTICS|VLLM_FACTS|DESIGN|ENGINE_FACTS)")
