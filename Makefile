@@ -1,5 +1,5 @@
-# Humans' shortcuts. `make test` is the README's test command (the fast tier); CI runs .ci/run,
-# which ends in `make test-all` (everything: the README's "Everything CI does").
+# Humans' shortcuts. CI runs .ci/run, which ends in the README's test command, `make test-all`;
+# `make test` is its fast tier alone (the edit loop).
 PY ?= python3
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider
 
