@@ -80,9 +80,10 @@ class PromTarget:
     instant: bool = False
     table: bool = False
     heatmap: bool = False  # a histogram's buckets as heatmap rows (legend {{le}})
+    exemplar: bool = False  # the series' exemplars too: a dot per request, linked to its trace
 
     def to_json_data(self) -> JSON:
-        return {
+        return ({"exemplar": True} if self.exemplar else {}) | {
             "datasource": DATASOURCE,
             "editorMode": "code",
             "expr": self.expr,
@@ -233,16 +234,18 @@ def stat(
     )
 
 
-def heatmap(title: str, description: str, expr: str, unit: str, *, repeat: str = "") -> Any:
+def heatmap(
+    title: str, description: str, expr: str, unit: str, *, repeat: str = "", exemplar: bool = False
+) -> Any:
     """A Prometheus histogram's buckets over time (grafanalib's Heatmap is the pre-9 layout).
-    `repeat`: one panel per value of that variable."""
+    `repeat`: one panel per value of that variable; `exemplar`: its requests as dots."""
     return RawPanel(
         type="heatmap",
         title=title,
         repeat=_repeat(repeat),
         description=description,
         dataSource=DATASOURCE,
-        targets=[PromTarget(expr, "A", "{{le}}", heatmap=True)],
+        targets=[PromTarget(expr, "A", "{{le}}", heatmap=True, exemplar=exemplar)],
         maxDataPoints=None,
         options={
             "calculate": False,

@@ -165,10 +165,13 @@ def per_route() -> list[tuple[int, list[Any]]]:
         "How acceptance is spread over the route's requests, over time: each column counts the "
         "requests that ended in that slice by their own acceptance. A band near 0 on a route "
         "that is normally high: garbled output or a draft/target mismatch; a band at 1 with "
-        "requests cut by max_tokens: repetition loops.",
+        "requests cut by max_tokens: repetition loops. Each dot is one request of its bucket "
+        "(the lowest and slowest of its minute): click it for its trace or its request log "
+        "line (docs/operations.md).",
         Q.acceptance_heatmap(),
         PERCENT,
         repeat="route",
+        exemplar=True,
     )
     return [(9, [band]), (9, [spread])]
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 from exporter.accounting.apportion import Apportioner
 from exporter.accounting.snapshot import (
     DecodeKey,
+    Example,
     Histogram,
     RouteKey,
     SliceChange,
@@ -46,6 +47,9 @@ RATE_BUCKETS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200, 300, 
 ACCEPTANCE_BUCKETS = (
     0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0
 )  # fmt: skip
+# seconds an exemplar holds its bucket against a newer request that is neither lower nor slower:
+# recent enough to be in the logs' and traces' retention, telling enough to be worth a click
+EXEMPLAR_FRESH = 60.0
 RUNAWAY_ACCEPTANCE = 0.95  # with finish_reason "length": the signature of a repetition loop
 FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "abort"))  # the rest: "other"
 
@@ -57,15 +61,31 @@ class Buckets:
     bounds: tuple[float, ...]
     counts: list[int] = field(default_factory=list)
     sum: float = 0.0
+    examples: list[Example | None] = field(default_factory=list)  # one per bucket, if kept
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, example: Example | None = None) -> None:
         if not self.counts:
             self.counts = [0] * (len(self.bounds) + 1)
-        self.counts[bisect_left(self.bounds, value)] += 1  # the first bound >= value, or +Inf
+        at = bisect_left(self.bounds, value)  # the first bound >= value, or +Inf
+        self.counts[at] += 1
         self.sum += value
+        if example is not None:
+            if not self.examples:
+                self.examples = [None] * (len(self.bounds) + 1)
+            if _telling(example, self.examples[at]):
+                self.examples[at] = example
 
     def read(self) -> Histogram:
-        return Histogram(self.bounds, tuple(self.counts), self.sum)
+        return Histogram(self.bounds, tuple(self.counts), self.sum, tuple(self.examples))
+
+
+def _telling(new: Example, old: Example | None) -> bool:
+    """Whether `new` should stand for its bucket instead of `old`: the lower value (acceptance),
+    then the slower request, among those of the last EXEMPLAR_FRESH seconds; an older one
+    gives way to any."""
+    if old is None or new.at - old.at > EXEMPLAR_FRESH:
+        return True
+    return (new.value, -new.seconds) < (old.value, -old.seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +107,10 @@ class RequestOutcome:
     # its decode steps by the drafts proposed in them (0: plain), where the engine stated them
     steps_by_length: tuple[tuple[int, int], ...] = ()
     slices: Slices = ()  # its band of each dimension (core.slices)
+    trace_id: str = ""  # its W3C trace id, 32 lowercase hex ("": not traced)
+    request_id: str = ""  # the engine's id of it, safe characters only, at most 64
+    at: float = 0.0  # when it ended, wall clock
+    seconds: float = 0.0  # from its request in to its end
 
 
 def finish_label(reason: object) -> str:
@@ -190,7 +214,7 @@ class Accounting:
         if req.exact is not None:
             self._add_exact(key, req.exact)
             self._add_slices(req, req.exact)
-            self._request_view(key, req.exact, req.finish_reason)
+            self._request_view(key, req.exact, req)
         elif req.drafted is not None:
             # llama.cpp's own draft and accepted tokens: exact; its verify steps are not known,
             # and are apportioned from the server's counters (weighed by these tokens)
@@ -199,7 +223,7 @@ class Accounting:
             self._add_slices(req, own)
             self._add_exact(key, own)
             steps = self.apportioner.drafted(key, own)
-            self._request_view(key, own, req.finish_reason, steps)
+            self._request_view(key, own, req, steps)
         elif req.increments:
             config = self.models.get(req.model_name)
             draft_length = None if config is None else config.num_speculative_tokens
@@ -297,7 +321,7 @@ class Accounting:
         self.apportioner.explained(key[1], counts)
 
     def _request_view(
-        self, key: RouteKey, exact: Counts, finish_reason: str, steps: float | None = None
+        self, key: RouteKey, exact: Counts, req: RequestOutcome, steps: float | None = None
     ) -> None:
         """One exact request's own figures: its moments, acceptance, payoff and loop signature.
         `steps`: its verify steps when they are an estimate (llama.cpp), not in `exact`."""
@@ -310,13 +334,16 @@ class Accounting:
         buckets = self.acceptance.get(key)
         if buckets is None:
             buckets = self.acceptance[key] = Buckets(ACCEPTANCE_BUCKETS)
-        buckets.observe(acceptance)
+        example = None
+        if req.trace_id:  # it may stand for its bucket: an exemplar
+            example = Example(req.trace_id, req.request_id, acceptance, req.at, req.seconds)
+        buckets.observe(acceptance, example)
         config = self.models.get(key[1])
         drafts = exact.drafts or steps
         # slower: its own tokens per step / the step cost < 1
         if config is not None and drafts and 1 + accepted / drafts < config.step_cost_ratio:
             self.below_breakeven[key] += 1
-        if finish_reason == "length" and acceptance >= RUNAWAY_ACCEPTANCE:
+        if req.finish_reason == "length" and acceptance >= RUNAWAY_ACCEPTANCE:
             self.runaway[key] += 1
 
     @property

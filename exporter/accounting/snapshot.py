@@ -21,12 +21,27 @@ SliceKey = tuple[str, str, str, str]  # (route, model_name, dimension, band)
 
 
 @dataclass(frozen=True, slots=True)
+class Example:
+    """One request standing for a histogram bucket (an OpenMetrics exemplar): its trace id
+    (32 lowercase hex), the engine's request id (a safe charset, cut to fit), its value, when
+    it ended (wall clock) and how long it took."""
+
+    trace_id: str
+    request_id: str
+    value: float
+    at: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Histogram:
-    """A histogram's counts per bucket (the last past every bound) and the sum of what it saw."""
+    """A histogram's counts per bucket (the last past every bound) and the sum of what it saw;
+    `examples`: a request per bucket where it keeps them (None: none yet)."""
 
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
     sum: float
+    examples: tuple[Example | None, ...] = ()
 
     def cumulative(self) -> list[tuple[str, float]]:
         """The counts by upper bound, cumulative, "+Inf" last: as exposed."""

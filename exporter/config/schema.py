@@ -176,6 +176,28 @@ def objects(cls: type[C], what: str = "a non-empty list", unique: str = "name") 
     return check
 
 
+def _flag(r: Reader, node: yaml.Node, key: str) -> bool:
+    value = r.scalar(node, key, str, "true or false")
+    if value not in ("true", "false"):
+        raise r.fail(node, key, f"expected true or false, got {value!r}")
+    return value == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLogConfig:
+    """One JSON line per completion through the proxy, off by default: every failed,
+    low-acceptance or slow request, and a `sample` of the rest (`exporter/proxy/requestlog.py`)."""
+
+    enabled: bool = setting(_flag, False)
+    sample: float = setting(number(0.0, 1.0), 0.01)  # the share of the other requests logged
+    low_acceptance: float = setting(number(0.0, 1.0), 0.3)  # below it: always logged
+    slow_ttft: float = setting(Reader.seconds, 2.0)  # past it (TTFT, else the whole request)
+
+
+def _request_log(r: Reader, node: yaml.Node, key: str) -> RequestLogConfig:
+    return read(r, RequestLogConfig, node, key)
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
     upstream: str = setting(_upstream)
@@ -198,6 +220,7 @@ class ProxyConfig:
     idle_timeout: float = setting(Reader.seconds, 75.0)  # keep-alive: no request under way
     # the upstream's kind (`engine:`), when no target says it (default: the fronted target's)
     kind: str | None = setting(one_of(KINDS, "an engine kind"), None, key="engine")
+    request_log: RequestLogConfig = setting(_request_log, RequestLogConfig())
 
     @property
     def route_names(self) -> tuple[str, ...]:

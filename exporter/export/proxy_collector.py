@@ -72,6 +72,27 @@ class ProxyCollector(FamiliesCollector):
             "reason",
             proxy.stats.unreadable,
         )
+        traces = _counter(
+            "specdec_proxy_trace_contexts",
+            "Requests forwarded by where their W3C traceparent came from: client (valid, "
+            "forwarded as sent), started (none sent), or a client's replaced and never "
+            "forwarded: malformed, oversized, duplicated.",
+            "origin",
+            proxy.stats.traces,
+        )
+        lines = _counter(
+            "specdec_proxy_request_log_lines",
+            "Request log lines queued (proxy.request_log), by why each was kept: failed, "
+            "low_acceptance, slow, or sampled (a `sample` share of the rest).",
+            "reason",
+            dict(proxy.request_log.lines),
+        )
+        dropped = CounterMetricFamily(
+            "specdec_proxy_request_log_dropped",
+            "Request log lines lost: the queue to its writer thread was full (the log's "
+            "output blocked or slow; the relay never waits for it), or the line failed.",
+        )
+        dropped.add_metric([], float(proxy.request_log.dropped + proxy.request_log.unwritten))
         buffered = GaugeMetricFamily(
             "specdec_proxy_buffered_bytes",
             "Bytes held now for request bodies, whole responses and SSE events.",
@@ -96,7 +117,7 @@ class ProxyCollector(FamiliesCollector):
         )
         clients.add_metric([], float(proxy.client_connections))
         yield from (errors, framing, refused, crossed, shed, timeouts, unreadable, buffered)
-        yield from (limit, cut)
+        yield from (limit, cut, traces, lines, dropped)
         yield from (in_flight, clients)
 
 

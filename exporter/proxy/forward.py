@@ -42,6 +42,7 @@ from exporter.proxy.outcome import request_outcome
 from exporter.proxy.reader import Refusal
 from exporter.proxy.relay import Ending, Relay, Watch
 from exporter.proxy.request import ClientRequest
+from exporter.proxy.requestlog import RequestLog
 from exporter.proxy.responses import (
     closing,
     end_to_end,
@@ -52,10 +53,12 @@ from exporter.proxy.responses import (
 from exporter.proxy.routes import normalized
 from exporter.proxy.settings import Settings
 from exporter.proxy.stats import ProxyStats
+from exporter.proxy.trace import Trace, carry
 from exporter.proxy.upstream import Body
 from exporter.proxy.writer import ResponseWriter
 
 REFUSED = closing(503, "the proxy is at its limit of client connections")  # a newcomer past it
+TRACE_LOG_PERIOD = 60.0  # seconds: one line per kind of bad traceparent at most, with a count
 COMPLETIONS = {  # the endpoints accounted -> the key of a token's text in their stream events
     "/v1/chat/completions": b'"content":"',
     "/v1/completions": b'"text":"',
@@ -83,6 +86,7 @@ class Proxy:
         self.log = logs.get("proxy")
         self.objects_missing = False  # learnt: upstream sends no per-request object
         self.stats = ProxyStats()
+        self.request_log = RequestLog()  # its thread starts with its first line
         # the one account of bytes held, across reloads: its limits are the settings'
         self.budget = Budget(settings.config.max_buffered_bytes, settings.reserve)
         self.draining = False
@@ -128,6 +132,7 @@ class Proxy:
         for lingering in list(self._lingering):
             lingering.abort()
         self.settings.pool.close()
+        self.request_log.close()
 
     @property
     def client_connections(self) -> int:
@@ -257,14 +262,16 @@ class Proxy:
             self._shed(writer, "in_flight")
             release(hold)
             return None
+        fields, trace = carry(request.headers, end_to_end(request.fields))
+        self._traced(trace.origin)
         try:
-            plan = self._plan(settings, request, body, started)
+            plan = self._plan(settings, request, body, started, trace)
         except Exception as exc:  # forwarded as it came: a routing bug costs a figure
             self.faults.record("routing", exc)
-            plan = _Plan(
-                uri, body, Watch(settings.config.default_route, started, settings.engine, None)
-            )
-        pool, fields, engine = settings.pool, end_to_end(request.fields), settings.engine
+            route = settings.config.default_route
+            watch = Watch(route, started, settings.engine, None, trace=trace)
+            plan = _Plan(uri, body, watch)
+        pool, engine = settings.pool, settings.engine
         self.stats.in_flight += 1
         return Relay(
             writer,
@@ -287,8 +294,20 @@ class Proxy:
             ended=self._ended,
         )
 
+    def _traced(self, origin: str) -> None:
+        """A request's trace context counted by origin; a client's bad one logged at most once
+        a period per kind, with the count so far, never its value (a client's bytes)."""
+        traces = self.stats.traces
+        traces[origin] += 1
+        if origin in ("client", "started"):
+            return
+        if self.stats.every(origin, time.monotonic(), TRACE_LOG_PERIOD):
+            self.log.warning(
+                "traceparent replaced: not forwarded", reason=origin, replaced=traces[origin]
+            )
+
     def _plan(
-        self, settings: Settings, request: ClientRequest, body: bytes, started: float
+        self, settings: Settings, request: ClientRequest, body: bytes, started: float, trace: Trace
     ) -> _Plan:
         method, uri, path = request.method, request.uri, request.path
         parsed, unreadable = request_json(body) if method == "POST" else (None, None)
@@ -298,7 +317,7 @@ class Proxy:
         match = settings.router.match(seen, request.headers, parsed)
         if match.path != seen:  # a path_prefix removed: the rest of the URI (a query) stays
             uri = match.path + uri[len(path) :]
-        unwatched = Watch(match.route, started, settings.engine, None)
+        unwatched = Watch(match.route, started, settings.engine, None, trace=trace)
         if method != "POST" or match.path not in COMPLETIONS:
             return _Plan(uri, body, unwatched)
         if parsed is None:  # relayed untouched, unaccounted: the client's doing
@@ -315,6 +334,7 @@ class Proxy:
             COMPLETIONS[match.path],
             asked.strip_spec,
             request_bands(parsed),
+            trace,
         )
         return _Plan(uri, asked.body, watch)
 
@@ -353,9 +373,15 @@ class Proxy:
                 ending.doc,
                 watch.engine,
                 watch.bands,
+                watch.trace.trace_id if watch.trace is not None else "",
+                time.time(),
+                time.perf_counter() - watch.started,
             )
             if ending.status == "200" and ending.doc and watch.single:  # never for n > 1
                 self.objects_missing = outcome.without_exact in reasons.NO_OBJECT
             self.accounting.record(outcome)
+            logged = self.settings.config.request_log
+            if logged.enabled:
+                self.request_log.offer(outcome, logged)
         except Exception as exc:
             self.faults.record("accounting", exc)

@@ -5,6 +5,7 @@ and the SSE tap."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,11 @@ from exporter.engines import DEFAULT
 from exporter.engines.base import ProxyHooks, Response
 from exporter.proxy.labels import ModelLabels
 from exporter.proxy.sse import StreamTap
+
+# the engine's request id as an exemplar label and a log field: a safe charset, and at most 64
+# characters, so that with the trace id the exemplar's labels fit OpenMetrics' 128
+REQUEST_ID_CHARS = 64
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:-]")
 
 
 def request_outcome(
@@ -29,12 +35,16 @@ def request_outcome(
     doc: dict[str, Any] | None,
     engine: ProxyHooks = DEFAULT,
     bands: tuple[str, str] = ("unset", "text"),
+    trace_id: str = "",
+    at: float = 0.0,
+    seconds: float = 0.0,
 ) -> RequestOutcome:
     """`labels`: the model_name label values given so far; `draft_length`: the most draft
     tokens a step of a model can have (the accounting's configured k); `doc`: the decoded
     response (or a stream's usage event); None when the proxy had to relay it unread (larger
     than its budget); `bands`: its request's temperature and output
-    bands (`core.slices.request_bands`)."""
+    bands (`core.slices.request_bands`); `trace_id`, `at`, `seconds`: its trace id, when it
+    ended (wall clock) and how long it took, for exemplars and the request log."""
     unread = doc is None
     doc = doc or {}
     usage = doc.get("usage")
@@ -81,7 +91,20 @@ def request_outcome(
         steps_by_length=_steps_by_length(exact, spec_steps, tokens),
         slices=slices(bands, prompt_tokens),
         finish_reason=finish_label(finish),
+        trace_id=trace_id,
+        request_id=request_id(doc.get("id")),
+        at=at,
+        seconds=seconds,
     )
+
+
+def request_id(value: object) -> str:
+    """The engine's id of a request (vLLM's `chatcmpl-...`), as a label value may carry a
+    peer's string: characters outside [A-Za-z0-9._:-] dropped, at most 64 kept."""
+    if not isinstance(value, str):
+        return ""
+    value = value[: REQUEST_ID_CHARS * 2]  # a hostile id costs no more than this
+    return _UNSAFE.sub("", value)[:REQUEST_ID_CHARS]
 
 
 def _steps_by_length(

@@ -16,6 +16,7 @@ from exporter.proxy.framing import Head
 from exporter.proxy.responses import end_to_end, error_response, release, request_json
 from exporter.proxy.sse import StreamTap
 from exporter.proxy.stats import ProxyStats
+from exporter.proxy.trace import TRACERESPONSE, Trace, response_field
 from exporter.proxy.upstream import (
     Broken,
     Closed,
@@ -41,6 +42,7 @@ class Watch:
     content_key: bytes = b""
     strip_spec: bool = False  # the proxy asked for figures in the body the client did not
     bands: tuple[str, str] = ("unset", "text")  # its temperature and output bands (core.slices)
+    trace: Trace | None = None  # its trace context, as forwarded (`trace.py`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,9 @@ class Relay:
         self._faults = faults
         self._log = log
         self._ended = ended
+        trace = watch.trace if watch is not None else None
+        # the trace id back to the client, on the engine's answer and on the proxy's own
+        self._extra = () if trace is None else (response_field(trace),)
         self._hold = hold  # the request body's bytes, then the response's while it is held
         self._whole: list[bytes] | None = None  # a body held whole
         self._unread = False  # a body that had to be read, relayed unread (too large)
@@ -109,6 +114,8 @@ class Relay:
     def head(self, head: Head) -> None:
         self._head = head
         self._headers = end_to_end(head.headers)
+        if self._extra and head.get(TRACERESPONSE) is None:  # an engine's own one wins
+            self._headers.extend(self._extra)
         release(self._hold)  # the upstream has read the request: its bytes are freed
         self._hold = None
         length = head.get("Content-Length")
@@ -167,20 +174,22 @@ class Relay:
             writer.close_after = True  # its descriptor back too
             error_response(
                 writer, 503, "the proxy is out of file descriptors", "ServiceUnavailableError",
-                retry_after=1,
+                retry_after=1, extra=self._extra,
             )  # fmt: skip
             self._done("503", None)
             return
         if isinstance(error, TimeoutError):
             reason, status = "timeout", "504"
-            error_response(writer, 504, "upstream timed out", "GatewayTimeout")
+            error_response(writer, 504, "upstream timed out", "GatewayTimeout", extra=self._extra)
         elif isinstance(error, Broken):  # cut or malformed: after the head, or before it
             reason, status = "malformed" if isinstance(error, Malformed) else "broken", "502"
             if isinstance(error, Malformed):
                 self._stats.framing_errors[error.reason] += 1
             self._log.warning("upstream response broken", error=str(error)[:200])
             if self._head is None or self._whole is not None:  # nothing went to the client
-                error_response(writer, 502, "upstream response broken", "BadGateway")
+                error_response(
+                    writer, 502, "upstream response broken", "BadGateway", extra=self._extra
+                )
             else:
                 writer.abort()  # the client must see the break, not a clean end
         else:
@@ -190,7 +199,7 @@ class Relay:
                 "upstream unreachable" if isinstance(error, Unreachable) else "upstream hung up",
                 error=str(error)[:200] or type(error).__name__,
             )
-            error_response(writer, 502, "upstream unreachable", "BadGateway")
+            error_response(writer, 502, "upstream unreachable", "BadGateway", extra=self._extra)
         self._stats.upstream_errors[reason] += 1
         self._done(status, None)
 

@@ -73,12 +73,18 @@ def closing(status: int, message: str) -> bytes:
 
 
 def error_response(
-    writer: ResponseWriter, status: int, message: str, kind: str, retry_after: int | None = None
+    writer: ResponseWriter,
+    status: int,
+    message: str,
+    kind: str,
+    retry_after: int | None = None,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> None:
-    """OpenAI-shaped error, like vLLM's own."""
+    """OpenAI-shaped error, like vLLM's own; `extra`: fields of the proxy's (traceresponse)."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     reason = HTTPStatus(status).phrase
     headers = [("Content-Type", "application/json"), date_header()]
     if retry_after is not None:
         headers.append(("Retry-After", str(retry_after)))
+    headers.extend(extra)
     writer.respond(status, reason, headers, json.dumps(body).encode())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exporter.proxy.framing import FRAMING_REASONS
+from exporter.proxy.trace import ORIGINS
 
 UPSTREAM_ERRORS = ("connection", "closed", "timeout", "broken", "malformed")
 # a limit a request was shed at (503), and how a connection was made to give its slot to a
@@ -38,6 +39,7 @@ class ProxyStats:
     shed: dict[str, int] = field(default_factory=lambda: _zeros(LIMITS))  # 503s past a limit
     timeouts: dict[str, int] = field(default_factory=lambda: _zeros(TIMEOUTS))
     unreadable: dict[str, int] = field(default_factory=lambda: _zeros(UNREADABLE))
+    traces: dict[str, int] = field(default_factory=lambda: _zeros(ORIGINS))  # by origin
     refused: int = 0
     crossed_close: int = 0  # requests that came on an idle connection as the proxy closed it
     cut_at_drain: int = 0  # requests still running when the drain's grace ran out
@@ -51,3 +53,12 @@ class ProxyStats:
         last = self.logged.get(kind)
         self.logged[kind] = now
         return last is None or now - last > quiet
+
+    def every(self, kind: str, now: float, period: float) -> bool:
+        """Whether an occurrence of `kind` at `now` is the one to log: none logged in the last
+        `period` seconds (a steady flood logs one line a period, not one per request)."""
+        last = self.logged.get(kind)
+        if last is not None and now - last < period:
+            return False
+        self.logged[kind] = now
+        return True

@@ -62,6 +62,14 @@ async def fault(request: web.Request) -> web.Response:
     return web.json_response({"faults": state.faults})
 
 
+async def received(request: web.Request) -> web.Response:
+    """The last completion requests as the engine received them: its id for each and the
+    `traceparent` it came with (null: none), oldest first: what a test checks the proxy sent."""
+    return web.json_response(
+        [{"id": rid, "traceparent": tp} for rid, tp in state_of(request).received]
+    )
+
+
 async def truth(request: web.Request) -> web.Response:
     """What the simulator really did per profile since it started (restarts included): the
     drafts, and the decode steps' tokens and seconds beside a plain step's at the same batch

@@ -41,6 +41,7 @@ def build_app(
     app.router.add_post("/admin/profile", admin.profile)
     app.router.add_post("/admin/fault", admin.fault)
     app.router.add_get("/admin/truth", admin.truth)
+    app.router.add_get("/admin/received", admin.received)
     return app
 
 
@@ -133,6 +134,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         max_tokens, min_tokens, ignore_eos, cap if _positive_int(cap) else None, temperature
     )
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids):08x}"
+    state.received.append((request_id, request.headers.get("traceparent")))
     run = Run(
         state,
         Shapes(chat, request_id, int(state.clock()), engine.model, engine.fingerprint),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ class SimState:
     faults: dict[str, float] = field(default_factory=dict)  # name -> value (seconds, chunks)
     ids: itertools.count[int] = field(default_factory=itertools.count)
     clock: Callable[[], float] = time.time  # `created` stamps; tests fix it for byte equality
+    # the last completion requests' ids and the `traceparent` each came with (/admin/received)
+    received: deque[tuple[str, str | None]] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 SIM: web.AppKey[SimState] = web.AppKey("sim", SimState)
