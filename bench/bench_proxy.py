@@ -21,6 +21,11 @@ streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80
 
     python bench/bench_proxy.py [--rounds 4] [--n1 300] [--n64 2000] [--pin] [--serve-from DIR]
                                 [--venv DIR] [--json FILE] [--check] [--record]
+                                [--request-log off|default|all]
+
+`--request-log default` runs the proxy with its request log on at the default sampling (every
+failed, low-acceptance or slow request, 1 % of the rest), `all` logs every request: against a
+run with it off, the log's CPU per request.
 
 The proxy runs on the interpreter of `--venv DIR` when given: the install a user gets, made
 there first (if DIR does not exist) with the README's own line (`python3 -m venv DIR`, then
@@ -82,6 +87,13 @@ TICKS = os.sysconf("SC_CLK_TCK")
 READY_DEADLINE = 30.0
 MODEL = "sim-27b"
 PATHS = ("direct", "nginx", "proxy")
+# --request-log: the proxy's request log off (the default config), on at its default sampling,
+# or every request logged (the cost of a line); added to the proxy: section
+REQUEST_LOG = {
+    "off": "",
+    "default": "  request_log: {enabled: true}\n",
+    "all": "  request_log: {enabled: true, sample: 1}\n",
+}
 CONCURRENCY = (1, 64)
 DISTINCT_ROUTES = 1000
 # the proxy's speed goals
@@ -411,7 +423,11 @@ def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
 
     config = tmp / "specdec.yaml"
     config.write_text(
-        SIDECAR_CONF.format(metrics=metrics_port, upstream=sim_port, port=proxy_port, model=MODEL)
+        SIDECAR_CONF.format(
+            metrics=metrics_port, upstream=sim_port, port=proxy_port, model=MODEL
+        ).replace(
+            "  default_route: other\n", "  default_route: other\n" + REQUEST_LOG[args.request_log]
+        )
     )
     proxy = spawn(
         "proxy",
@@ -958,6 +974,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="run the proxy on this venv's interpreter, made with the README's install line "
         "if it does not exist (the install a user gets)",
+    )
+    parser.add_argument(
+        "--request-log",
+        choices=("off", "default", "all"),
+        default="off",
+        help="the proxy's request log: off (default), on at its default sampling, or every "
+        "request logged (its lines go to the proxy's log file)",
     )
     add_outputs(parser)
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
