@@ -17,13 +17,20 @@ from dashboards.queries.spec import ROUTES
 
 
 def _alert(
-    mix: Mixin, name: str, expr: str, for_: str, severity: str, summary: str, description: str
+    mix: Mixin,
+    name: str,
+    expr: str,
+    for_: str,
+    severity: str,
+    summary: str,
+    description: str,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr,
         "for": for_,
-        "labels": {"severity": severity},
+        "labels": {"severity": severity, **(labels or {})},
         "annotations": {
             "summary": summary,
             "description": description,
@@ -55,7 +62,27 @@ def acceptance_drop(mix: Mixin) -> dict[str, Any]:
         f"request-level standard errors over at least {drop.min_requests} requests. Tokens per step and the "
         "speedup fall with it; below break-even speculation costs more than it saves."
         + _cause(mix),
+        _cause_labels(mix),
     )
+
+
+def _cause_labels(mix: Mixin) -> dict[str, str]:
+    """`cause`: mix (the traffic moved) or within (the bands' own acceptance: the engine,
+    model or drafter), and `dimension`: the one a mix moved along, `all` for within (the
+    engine's change is on every dimension): the part the dashboards' "Why acceptance moved"
+    panel names (the recorded slices.cause). `unknown` for both while the route has no split
+    (no baseline before its window yet): never empty, as Prometheus' ALERTS series would then
+    show the label's template. A cause that changes while the drop lasts makes a new alert: a
+    new cause is news."""
+    rule = slices.cause_rule(mix.breakdown.window, mix.breakdown.baseline)
+    found = _query(f"{rule}{{route=%q, model_name=%q}}", "$labels.route $labels.model_name")
+    return {
+        "cause": f"{{{{ with {found} }}}}{{{{ (index . 0).Labels.part }}}}{{{{ else }}}}unknown{{{{ end }}}}",
+        "dimension": (
+            f'{{{{ with {found} }}}}{{{{ if eq (index . 0).Labels.part "mix" }}}}'
+            "{{ (index . 0).Labels.dimension }}{{ else }}all{{ end }}{{ else }}unknown{{ end }}"
+        ),
+    }
 
 
 def _cause(mix: Mixin) -> str:
@@ -65,7 +92,7 @@ def _cause(mix: Mixin) -> str:
     Nothing where the route has no split (no exact requests: no slices)."""
     w, b = mix.breakdown.window, mix.breakdown.baseline
     change = slices.change_rule(w, b)
-    share_w, share_b = slices.band_rule("share", w), slices.band_rule("share", b)
+    share_w, share_b = slices.band_rule("share", w), slices.baseline_rule("share", w, b)
     route = "route=%q, model_name=%q"
     dim = f"{route}, dimension=%q"
     mine = "$labels.route $labels.model_name"
@@ -101,8 +128,9 @@ def _query(expr: str, args: str) -> str:
 
 
 def _pp(expr: str, args: str) -> str:
-    """The expression's first value x 100, signed, one decimal: percentage points."""
-    return f'{{{{ {_query(f"100 * {expr}", args)} | first | value | printf "%+.1f" }}}}'
+    """The expression's first value x 100, signed, one decimal: percentage points (+ 0: a
+    rounding's -0 reads +0.0)."""
+    return f'{{{{ {_query(f"round(100 * {expr}, 0.01) + 0", args)} | first | value | printf "%+.1f" }}}}'
 
 
 def _percent(expr: str, args: str) -> str:

@@ -82,11 +82,14 @@ class DropAlert:
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """The acceptance change split into mix and within: its window against its baseline (the
-    sidecar's `breakdown:`; the drop alert's longer window and its day)."""
+    """The acceptance change split into mix and within: its window against the baseline before
+    it (the sidecar's `breakdown:`; the drop alert's longer window and its day), and the
+    smallest part the dashboards draw (a dimension of one band moves no traffic: its mix part
+    is 0, a line that says nothing)."""
 
     window: str = setting(_duration, "10m")
     baseline: str = setting(_duration, "1d")
+    min_part: float = setting(number(0.0, 0.5), 0.005)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,17 @@ def _band_rules(window: str) -> list[dict[str, Any]]:
     ]
 
 
+def _baseline_band_rules(mix: Mixin) -> list[dict[str, Any]]:
+    """The bands over the breakdown's baseline that ends where its window begins, from the
+    counters (a backfilled history counts at once), and how much of it they cover."""
+    w, b = mix.breakdown.window, mix.breakdown.baseline
+    return [
+        record(slices.baseline_rule("acceptance", w, b), slices.band_acceptance(b, offset=w)),
+        record(slices.baseline_rule("share", w, b), slices.band_share(b, offset=w)),
+        record(slices.SPAN, slices.baseline_span(w, b)),
+    ]
+
+
 def breakdown_rules(mix: Mixin) -> list[dict[str, Any]]:
     """The bands over the breakdown's window, and the change against its baseline split into
     mix and within (the baseline's bands are recorded with the other day-long figures)."""
@@ -78,6 +89,7 @@ def breakdown_rules(mix: Mixin) -> list[dict[str, Any]]:
         *_band_rules(w),
         {**record(name, slices.mix(w, b)), "labels": {"part": "mix"}},
         {**record(name, slices.within(w, b)), "labels": {"part": "within"}},
+        record(slices.cause_rule(w, b), slices.cause(w, b)),
     ]
 
 
@@ -112,7 +124,7 @@ def recording_rules(mix: Mixin = DEFAULT) -> list[dict[str, Any]]:
         {
             "name": "specdec-route-baselines",
             "interval": "1m",  # a day-long rate changes slowly: evaluate it less often
-            "rules": _baselines() + _band_rules(mix.breakdown.baseline),
+            "rules": _baselines() + _baseline_band_rules(mix),
         }
     )
     return groups

@@ -8,7 +8,11 @@ sidecar's rolling window over vLLM's counters). `--with-prometheus` also runs De
 prometheus on the repo's prometheus.yml. `--schedule` runs a dynamic speculative decoding
 schedule (as `specdec advise` prints it) on the simulator and in the sidecar's config, and adds
 a line: the schedule's range the engine's batch is in, the k it gives, and each workload's
-drafts per step since the last line (advise -> apply -> verify). Ctrl-C stops everything.
+drafts per step since the last line (advise -> apply -> verify). `--scenario drop`: after a
+quiet start, the coding agent's clients move to a sampled temperature (its traffic changes: a
+mix drop along temperature) while the engine accepts less of the voice chat's drafts (a within
+drop), so the Payoff board's "Why acceptance moved" row and SpecDecodeAcceptanceDrop's labels
+tell the two apart. Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from exporter.measure.stream_client import RequestFailed, stream_chat
 from exporter.measure.workload import AGENT, VOICE, Workload
 from exporter.process import graceful, run_until_stopped
 from exporter.sidecar import Sidecar
-from exporter.sim.decoder import SimEngine
+from exporter.sim.decoder import SimEngine, sampled_share
+from exporter.sim.profiles import Profile
 from exporter.sim.server import build_app
 from exporter.sim.steptime import MODEL as STEP_TIME
 from exporter.sim.steptime import SINGLE_STREAM_STEP_SECONDS as STEP
@@ -56,6 +61,16 @@ CONTEXT = 160  # tokens a decoding request of the demo's two workloads holds, ti
 V = TypeVar("V")
 AGREE = 0.05  # the two speedups agree within this share
 ENGINE_JOB = DEFAULT_KIND  # the simulated engine's Prometheus job, as prometheus.yml names it
+# --scenario drop: the quiet start is the breakdown's window (10m) and a minute, so that the
+# split has a baseline before its window when the drop begins (the rules' day-long group, its
+# baseline's, evaluates every minute: at 10m the drop alert fired a minute before it had a
+# cause); then the agent's clients sample at 0.9 (the simulator keeps 0.64 of a request's
+# acceptance: 71 % -> 45 %, its traffic's change) and the engine accepts 0.20 of the voice
+# chat's drafts (was 0.36: the engine's change); both fall by more than the drop alert's 30 %
+DROP_AFTER = 660.0
+DROP_TEMPERATURE = 0.9
+DROP_ACCEPTANCE = 0.20
+VOICE_PROFILE = "ja_chat"  # the simulator's profile for the voice chat's Japanese prompts
 
 
 @dataclass
@@ -71,6 +86,8 @@ class Options:
     with_prometheus: bool = False
     prometheus_port: int = 9090
     schedule: Schedule | None = None
+    scenario: str = "steady"  # or "drop"
+    drop_after: float = DROP_AFTER  # seconds of real time before the drop
 
 
 # the two routes at a laptop's lengths (each request its route's mean), the agent routed by
@@ -132,11 +149,20 @@ async def _traffic(
     offset: int,
     failures: list[int],
     stop: asyncio.Event,
+    temperatures: dict[str, float],
 ) -> None:
+    """One client of `load`, request after request; `temperatures`: the workload's sampling
+    temperature from the next request on, where set (else none is sent: the engine's default)."""
     for i in itertools.count(offset):
         if stop.is_set():
             return
-        body = {"model": MODEL, "messages": scenario.messages(i), "max_tokens": load.tokens(i)}
+        body: dict[str, object] = {
+            "model": MODEL,
+            "messages": scenario.messages(i),
+            "max_tokens": load.tokens(i),
+        }
+        if load.name in temperatures:
+            body["temperature"] = temperatures[load.name]
         try:
             await stream_chat(session, base + load.path, body, headers=load.headers)
         except (RequestFailed, aiohttp.ClientError):
@@ -231,6 +257,24 @@ def engine_line(acceptance: float | None, tokens_per_step: float | None, covered
     )
 
 
+def drop(engine: SimEngine, temperatures: dict[str, float]) -> str:
+    """The drop scenario's change, and its line: the agent's clients sample (their traffic
+    moves between temperature bands), the engine accepts less of the voice chat's drafts (its
+    requests unchanged)."""
+    agent, voice = AGENT.name, VOICE.name
+    temperatures[agent] = DROP_TEMPERATURE
+    before = engine.profiles[VOICE_PROFILE]
+    engine.profiles[before.name] = Profile(
+        before.name, DROP_ACCEPTANCE, before.decay, before.concentration, before.loop_share
+    )
+    kept = sampled_share(DROP_TEMPERATURE)
+    return (
+        f"drop: {agent}'s clients now sample at temperature {DROP_TEMPERATURE:g} (traffic: its "
+        f"requests keep {kept:.0%} of their acceptance); the engine now accepts "
+        f"{DROP_ACCEPTANCE:.0%} of {voice}'s drafts (was {before.acceptance:.0%}: the engine)"
+    )
+
+
 async def run(opts: Options) -> None:
     engine = SimEngine(MODEL, speed=opts.speed, schedule=opts.schedule)
     # a schedule mixes draft lengths within a request: only vLLM's `detailed` level splits them
@@ -250,17 +294,22 @@ async def run(opts: Options) -> None:
             else contextlib.nullcontext(None)
         )
         async with prometheus as url:
-            await _report(opts, sidecar, url, graceful(task))
+            await _report(opts, sidecar, url, graceful(task), engine)
     finally:
         await sidecar.stop()
         await runner.cleanup()
 
 
 async def _report(
-    opts: Options, sidecar: Sidecar, prometheus: str | None, stop: asyncio.Event
+    opts: Options,
+    sidecar: Sidecar,
+    prometheus: str | None,
+    stop: asyncio.Event,
+    engine: SimEngine,
 ) -> None:
     """Print the lines until `duration` or a stop signal; then the workloads start nothing
-    new and the proxy drains (their requests in flight complete), as `serve` does."""
+    new and the proxy drains (their requests in flight complete), as `serve` does. The drop
+    scenario's change comes `drop_after` seconds in."""
     base = f"http://{opts.host}"
     print(f"simulated vLLM   {base}:{opts.sim_port}/v1  (metrics: {base}:{opts.sim_port}/metrics)")
     print(
@@ -274,17 +323,25 @@ async def _report(
         "traffic: Japanese voice chat and an English coding agent on one engine; Ctrl-C stops",
         flush=True,
     )
+    if opts.scenario == "drop":
+        print(drop_plan(opts.drop_after, prometheus is not None), flush=True)
     failures = [0]
     proxy = f"{base}:{opts.proxy_port}"
     curve = sidecar.wiring.models[MODEL].curve
+    temperatures: dict[str, float] = {}
     async with aiohttp.ClientSession() as session:
         tasks = [
             asyncio.create_task(
-                _traffic(session, proxy, load, builtin(load.scenario), worker, failures, stop)
+                _traffic(
+                    session, proxy, load, builtin(load.scenario), worker, failures, stop,
+                    temperatures,
+                )
             )
             for load in WORKLOADS
             for worker in range(opts.concurrency)
-        ]
+        ]  # fmt: skip
+        if opts.scenario == "drop":
+            tasks.append(asyncio.create_task(_drop_later(opts.drop_after, engine, temperatures)))
         try:
             started = time.monotonic()
             seen: Steps = {}
@@ -318,6 +375,33 @@ async def _report(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def drop_plan(after: float, with_prometheus: bool) -> str:
+    """What the drop scenario does, and when: printed at the start."""
+    at, full = _clock(after), _clock(after + 600)
+    where = (
+        "SpecDecodeAcceptanceDrop fires a minute or two later for both, labelled cause=mix "
+        "dimension=temperature and cause=within dimension=all, and the Payoff board's 'Why "
+        f"acceptance moved' row names each (in full at {full}, its 10m window all drop)"
+        if with_prometheus
+        else "the sidecar's specdec_route_acceptance_change_ratio splits each (add "
+        "--with-prometheus for the alert and the dashboards' row)"
+    )
+    return (
+        f"scenario drop: at {at} {AGENT.name}'s clients move to temperature "
+        f"{DROP_TEMPERATURE:g} (traffic) and the engine accepts less of {VOICE.name}'s drafts "
+        f"(engine); {where}"
+    )
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+async def _drop_later(after: float, engine: SimEngine, temperatures: dict[str, float]) -> None:
+    await asyncio.sleep(after)  # the scenario's clock, not a synchronisation
+    print(drop(engine, temperatures), flush=True)
 
 
 def main(opts: Options) -> None:

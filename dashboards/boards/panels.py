@@ -54,6 +54,8 @@ REQUESTS_PER_SECOND = "reqps"
 PER_SECOND = "suffix:/s"  # events per second (Grafana's "cps" reads "c/s")
 BYTES = "bytes"
 COUNT = "short"
+PERCENTAGE_POINTS = "suffix: pp"  # a change of a ratio, x 100 in the query
+DRAFTS_PER_TOKEN = "suffix: drafts/token"  # draft tokens per completion token
 
 GREEN, YELLOW, ORANGE, RED, BLUE = "green", "yellow", "orange", "red", "blue"
 TRANSPARENT = "transparent"  # a threshold step that only draws its line
@@ -158,10 +160,14 @@ def timeseries(
     max_value: int | None = None,
     decimals: int | None = None,
     stack: bool = False,
+    fill: int = 0,
     no_value: str | None = None,
     repeat: str = "",
+    defaults: JSON | None = None,
 ) -> Any:
-    """`repeat`: one panel per value of that variable (its queries see one value each)."""
+    """`repeat`: one panel per value of that variable (its queries see one value each);
+    `fill`: opacity of the area below each line (%); `defaults`: more field defaults (a
+    fractional max)."""
     return G.TimeSeries(
         title=title,
         repeat=_repeat(repeat),
@@ -172,7 +178,7 @@ def timeseries(
         maxDataPoints=None,
         interval=None,
         lineWidth=2,
-        fillOpacity=10 if stack else 0,
+        fillOpacity=10 if stack else fill,
         stacking={"group": "A", "mode": "normal"} if stack else {"mode": "none"},
         legendDisplayMode="list",
         legendPlacement="bottom",
@@ -184,7 +190,11 @@ def timeseries(
         valueMax=max_value,
         valueDecimals=decimals,
         overrides=list(overrides),
-        extraJson={"fieldConfig": {"defaults": {"noValue": no_value or no_value_for(queries)}}},
+        extraJson={
+            "fieldConfig": {
+                "defaults": {"noValue": no_value or no_value_for(queries), **(defaults or {})}
+            }
+        },
     )
 
 
@@ -214,17 +224,20 @@ def stat(
     text_mode: str = "value_and_name",
     graph: bool = True,
     no_value: str | None = None,
+    instant: bool = False,
 ) -> Any:
+    """`instant`: the value now only (a series whose labels change over the range, say a
+    cause, would otherwise leave its last value beside the new one); no sparkline then."""
     return G.Stat(
         title=title,
         description=description,
         dataSource=DATASOURCE,
-        targets=targets(*queries),
+        targets=targets(*queries, instant=instant),
         format=unit,
         decimals=decimals,
         color={"mode": "thresholds"},
         colorMode="value",
-        graphMode="area" if graph else "none",
+        graphMode="area" if graph and not instant else "none",
         textMode=text_mode,
         reduceCalc="lastNotNull",
         noValue=no_value or no_value_for(queries),

@@ -7,8 +7,12 @@ from typing import Any
 
 from dashboards.boards import variables as V
 from dashboards.boards.panels import (
+    COUNT,
+    DRAFTS_PER_TOKEN,
     GREEN,
+    ORANGE,
     PERCENT,
+    PERCENTAGE_POINTS,
     RED,
     REQUESTS_PER_SECOND,
     SECONDS,
@@ -31,10 +35,14 @@ from dashboards.boards.panels import (
 )
 from dashboards.config import Mixin
 from dashboards.queries import panel_queries as Q
+from dashboards.queries import slices
 
 NAME = "payoff"  # its uid: the mixin's prefix, then this
 ROUTE_LEGEND = "{{route}} ({{model_name}})"
 
+# the parts of a change that moved (none on steady traffic: tests/integration/test_demo_drop.py
+# draws them on a drop)
+SPLIT_TITLE = "Acceptance change: traffic mix (dashed) and within bands"
 ACCEPTANCE_5M = Q.route_rule("acceptance", "ratio_rate5m")
 TOKENS_PER_STEP_5M = Q.route_rule("tokens_per_step", "ratio_rate5m")
 SPEEDUP_5M = Q.route_rule("estimated_speedup", "ratio_rate5m")
@@ -262,7 +270,7 @@ def trends(mix: Mixin) -> list[tuple[int, list[Any]]]:
             (ROUTE_LEGEND, Q.route_draft_length_in_effect()),
             ("schedule's k ({{model_name}})", Q.scheduled_draft_length()),
         ],
-        TOKENS_PER_STEP,
+        COUNT,
         min_value=0,
         decimals=2,
         overrides=[by_ref("B", dashed())],
@@ -320,36 +328,58 @@ def speedup_by_batch() -> Any:
 
 
 def why_it_moved(mix: Mixin) -> list[tuple[int, list[Any]]]:
-    """Why acceptance moved: the change split into traffic mix and within bands per dimension,
-    and each band's share of draft tokens, acceptance and draft rate over time."""
-    w, b = mix.breakdown.window, mix.breakdown.baseline
+    """Why acceptance moved: first which route moved, and whether its traffic or its engine did
+    (along which dimension), then the parts over time (only those that moved), and each band's
+    share of draft tokens, acceptance and draft rate. Every panel from the route's first full
+    window on, as the rest of the board."""
+    w, b, least = mix.breakdown.window, mix.breakdown.baseline, mix.breakdown.min_part
     band = "{{route}} {{dimension}}={{band}}"
+    points = f"{100 * least:g} pp"
+    cause = stat(
+        f"Why acceptance moved: the last {w} against the $baseline ${{baseline:text}} before it",
+        f"Per route, what moved its exact acceptance over the last {w} against the baseline "
+        f"that ends where the window begins (up to {b}; the title says how much history it "
+        "holds), in percentage points: 'traffic mix along DIMENSION' where the requests moved "
+        "between that dimension's bands (a client began sending temperature 1, tools or long "
+        "prompts: find the client), 'the engine (within bands)' where requests like the "
+        "baseline's accept less (the engine, model or drafter changed: roll back or check the "
+        f"drafter), 'steady' where the larger part is under {points}. The dimension is the one "
+        "whose traffic move explains the most; SpecDecodeAcceptanceDrop's labels `cause` and "
+        f"`dimension` name the same. Rule {slices.cause_rule(w, b)}.",
+        [("{{route}}: {{cause}}", Q.acceptance_cause(w, b, least))],
+        PERCENTAGE_POINTS,
+        thresholds=steps(RED, (-5.0, ORANGE), (-100 * least, GREEN)),
+        decimals=1,
+        instant=True,
+    )
     split = timeseries(
-        "Why acceptance moved: traffic mix or the engine",
-        f"Each route's exact acceptance over the last {w} less over the last {b}, per request "
-        "dimension (temperature, output kind, prompt length) split in two that add up to the "
-        "change: mix (dashed), the traffic moved between the dimension's bands, each band "
-        "accepting as over the baseline; within (solid), the bands' own acceptance moved. A "
-        "drop that is mix along one dimension is a change of traffic (a client began sending "
-        "temperature 1, or long prompts): find the client. A drop that is within along every "
-        "dimension is the engine, model or drafter: roll back or check the drafter.",
+        SPLIT_TITLE,
+        f"The change of the route's exact acceptance over the last {w} against the {b} "
+        "before it, in percentage points, split in two that add up to it: mix (dashed), per "
+        "dimension the route's traffic moved along, the move between the dimension's bands "
+        "with each band accepting as in the baseline; within (solid), the bands' own acceptance "
+        "moved, along the dimension whose traffic move explains the most (on any other it also "
+        f"holds that move). Parts under {points} are not drawn: a dimension of one band moves "
+        "no traffic.",
         [
-            ("{{route}} {{dimension}} mix", Q.acceptance_change(w, b, "mix")),
-            ("{{route}} {{dimension}} within", Q.acceptance_change(w, b, "within")),
+            ("{{route}} mix along {{dimension}}", Q.acceptance_mix(w, b, least)),
+            ("{{route}} within bands", Q.acceptance_within(w, b, least)),
         ],
-        PERCENT,
+        PERCENTAGE_POINTS,
         decimals=1,
         overrides=[by_ref("A", dashed())],
+        no_value=f"No part of {points} or more yet",
     )
     share = timeseries(
         "Share of draft tokens by band",
         f"Each band's share of its dimension's draft tokens over {w} windows: where a route's "
-        "traffic moved. Only requests with exact counts are sliced (the proxy read the "
+        "traffic moved. The axis ends above 100 %, so a band that holds all of it is a line "
+        "below the panel's edge. Only requests with exact counts are sliced (the proxy read the "
         "engine's own per-request figures).",
         [(band, Q.band_figure("share", w))],
         PERCENT,
         min_value=0,
-        max_value=1,
+        defaults={"max": 1.1},
     )
     acceptance = timeseries(
         "Acceptance by band",
@@ -363,15 +393,15 @@ def why_it_moved(mix: Mixin) -> list[tuple[int, list[Any]]]:
     )
     draft_rate = timeseries(
         "Draft rate by band",
-        "Draft tokens per completion token per band: 0 is a band that drafts nothing, "
-        "speculation off for that traffic (an n-gram drafter with sampled requests, say), "
-        "not zero acceptance.",
+        "Draft tokens per completion token per band (not per step): 0 is a band that drafts "
+        "nothing, speculation off for that traffic (an n-gram drafter with sampled requests, "
+        "say), not zero acceptance.",
         [(band, Q.band_draft_rate())],
-        TOKENS_PER_STEP,
+        DRAFTS_PER_TOKEN,
         min_value=0,
         decimals=2,
     )
-    return [(9, [split, share]), (8, [acceptance, draft_rate])]
+    return [(5, [cause]), (9, [split, share]), (8, [acceptance, draft_rate])]
 
 
 def build(mix: Mixin) -> Any:
@@ -381,7 +411,13 @@ def build(mix: Mixin) -> Any:
         "Is speculative decoding paying off for each workload? Per-route acceptance, tokens per "
         "step, speedup against break-even, what users see (decode rate, TTFT), and why "
         "acceptance moved (traffic mix or the engine).",
-        [V.datasource(mix.dashboards.datasource), V.job(), V.route_model(), V.route()],
+        [
+            V.datasource(mix.dashboards.datasource),
+            V.job(),
+            V.route_model(),
+            V.route(),
+            V.baseline_span(Q.baseline_span()),
+        ],
         [
             (5, headline_stats(mix)),
             (7, [route_table()]),

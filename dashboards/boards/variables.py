@@ -1,4 +1,5 @@
-"""Template variables shared by the dashboards: datasource, job, model_name, route, engine.
+"""Template variables shared by the dashboards: datasource, job, model_name, route, engine (and
+a hidden one that titles read: the breakdown baseline's real span).
 
 Every query variable is multi-value with an "All" option and panels select with
 `label=~"$var"`. For model_name, route and engine All is the regex `.*`, so a new route or engine
@@ -107,4 +108,25 @@ def engine() -> Any:
         "Engine",
         'specdec_draft_tokens_total{job=~"$job", model_name=~"$model_name"}',
         "vLLM engine (data-parallel rank).",
+    )
+
+
+def baseline_span(expr: str) -> Any:
+    """Hidden: the breakdown baseline's real span, its number as the value and its unit as the
+    text (`$baseline ${baseline:text}` in a title), from `query_result(expr)`: one series
+    with a `unit` label. Refreshed with the time range, as the data it titles."""
+    template = G.Template(
+        name="baseline",
+        label="Baseline span",
+        query=f"query_result({expr})",
+        dataSource=DATASOURCE,
+        regex='/unit="(?<text>[^"]+)"} (?<value>[0-9.]+)/',
+        refresh=G.REFRESH_ON_TIME_RANGE_CHANGE,
+        hide=G.HIDE_VARIABLE,
+    )
+    return Variable(
+        template,
+        "How much history the breakdown's baseline holds (the selected routes' longest): "
+        "its length until the routes are that old.",
+        {"selected": False, "text": "", "value": ""},
     )

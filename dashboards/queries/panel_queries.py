@@ -334,23 +334,86 @@ def finish_reasons() -> str:
 
 
 # --- why acceptance moved (the slice counters' split) -------------------------------------
+# Each figure from the route's first full window on (the split also needs a baseline: it ends
+# where the window begins), in percentage points (x 100: the unit says pp), and only the parts
+# of at least `min_part` (a dimension with one band moves no traffic: its mix part is 0).
 
 
-def acceptance_change(window: str, baseline: str, part: str) -> str:
-    """The route's acceptance change over the breakdown's window against its baseline, per
-    dimension, one part of it (mix, within): the recorded split."""
-    return f'{slices.change_rule(window, baseline)}{{{ROUTE_SEL}, part="{part}"}}'
+def _points(expr: str) -> str:
+    return f"100 * (\n{expr}\n)"
+
+
+def _at_least(expr: str, min_part: float) -> str:
+    """`expr`'s series where they are `min_part` or more from 0."""
+    return f"(\n{expr}\n) >= {min_part}\nor\n(\n{expr}\n) <= -{min_part}"
+
+
+def acceptance_cause(window: str, baseline: str, min_part: float) -> str:
+    """Per route, the part that explains its change (slices.cause), named in a label `cause`:
+    "traffic mix along DIMENSION", "the engine (within bands)", or "steady" when that part is
+    under `min_part`; in percentage points."""
+    rule = slices.cause_rule(window, baseline)
+    mix = _at_least(f'{rule}{{{ROUTE_SEL}, part="mix"}}', min_part)
+    within = _at_least(f'{rule}{{{ROUTE_SEL}, part="within"}}', min_part)
+    on = "on (route, model_name)"
+    named = (
+        f'label_replace(\n{mix},\n"cause", "traffic mix along $1", "dimension", "(.+)"\n)\n'
+        f"or {on}\n"
+        f'label_replace(\n{within},\n"cause", "the engine (within bands)", "", ""\n)\n'
+        f"or {on}\n"
+        f'label_replace({rule}{{{ROUTE_SEL}}}, "cause", "steady", "", "")'
+    )
+    return full_window(_points(named), spec.ROUTES, window)
+
+
+def acceptance_mix(window: str, baseline: str, min_part: float) -> str:
+    """The mix part along each dimension the route's traffic moved along (`min_part` or more)."""
+    rule = f'{slices.change_rule(window, baseline)}{{{ROUTE_SEL}, part="mix"}}'
+    return full_window(_points(_at_least(rule, min_part)), spec.ROUTES, window)
+
+
+def acceptance_within(window: str, baseline: str, min_part: float) -> str:
+    """The within part along the dimension that explains the change most (where the traffic
+    moved most; slices.cause), one series a route: on every other dimension it also holds the
+    traffic's move."""
+    change = f'{slices.change_rule(window, baseline)}{{{ROUTE_SEL}, part="within"}}'
+    cause = f"{slices.cause_rule(window, baseline)}{{{ROUTE_SEL}}}"
+    within = (
+        f"sum by (route, model_name) (\n{change}\nand on (route, model_name, dimension)\n{cause}\n)"
+    )
+    return full_window(_points(_at_least(within, min_part)), spec.ROUTES, window)
 
 
 def band_figure(figure: str, window: str) -> str:
-    """A band's recorded share of draft tokens or acceptance over `window`."""
-    return f"{slices.band_rule(figure, window)}{{{ROUTE_SEL}}}"
+    """A band's recorded share of draft tokens (a band that drafted nothing has none to show)
+    or acceptance over `window`."""
+    found = f"{slices.band_rule(figure, window)}{{{ROUTE_SEL}}}"
+    return full_window(f"{found} > 0" if figure == "share" else found, spec.ROUTES, window)
 
 
 def band_draft_rate() -> str:
     """A band's draft tokens per completion token: 0 where that traffic drafts nothing
     (speculation off for it), which its acceptance cannot show."""
-    return ratio(
+    rate = ratio(
         sum_rate("specdec_route_slice_draft_tokens_total", RATE, slices.BAND, RAW_ROUTE),
         sum_rate("specdec_route_slice_completion_tokens_total", RATE, slices.BAND, RAW_ROUTE),
     )
+    return full_window(rate, spec.ROUTES, RATE)
+
+
+# the baseline's real span (the longest of the selected routes'), in the largest unit it
+# fills: (at least seconds, seconds a unit, the unit)
+SPAN_UNITS = ((0.95 * 86400, 86400, "d"), (7200, 3600, "h"), (0, 60, "min"))
+
+
+def baseline_span() -> str:
+    """One series, value the span in its unit, label `unit` (0 min before any baseline): a
+    dashboard variable's value and text."""
+    span = f"max({slices.SPAN}{{{ROUTE_SEL}}})"
+    picks = [
+        f'label_replace(round({span} / {size}, 0.1), "unit", "{unit}", "", "")'
+        + (f" and on () {span} >= {least:g}" if least else "")
+        for least, size, unit in SPAN_UNITS
+    ]
+    picks.append('label_replace(vector(0), "unit", "min", "", "")')
+    return "\nor on ()\n".join(f"({p})" for p in picks)

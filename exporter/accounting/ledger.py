@@ -387,11 +387,17 @@ class Accounting:
             )
             for window in self.history.windows
         )
+        in_window = self.slice_history.increase(self.breakdown.window, now)
+        # the baseline ends where the window begins: a drop inside the window is not also in
+        # what it is compared with (both histories end at the same newest tick)
+        in_baseline = {
+            key: counts - in_window.get(key, SliceCounts())
+            for key, counts in self.slice_baseline.increase(
+                self.breakdown.baseline, now, True
+            ).items()
+        }
         change = SliceChange(
-            self.breakdown.window,
-            self.breakdown.baseline,
-            _fixed(self.slice_history.increase(self.breakdown.window, now)),
-            _fixed(self.slice_baseline.increase(self.breakdown.baseline, now, True)),
+            self.breakdown.window, self.breakdown.baseline, _fixed(in_window), _fixed(in_baseline)
         )
         return Snapshot(
             requests=_fixed(self.requests),

@@ -68,8 +68,9 @@ class WindowReading:
 
 @dataclass(frozen=True, slots=True)
 class SliceChange:
-    """The exact requests' counts by band over the breakdown's window and over its baseline
-    (what the history holds of it): what the acceptance change is split from."""
+    """The exact requests' counts by band over the breakdown's window and over its baseline,
+    the one that ends where the window begins (what the history holds of it): what the
+    acceptance change is split from."""
 
     window: Window
     baseline: Window

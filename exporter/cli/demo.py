@@ -80,6 +80,26 @@ def register(add_verb: AddVerb) -> None:
         "config (vLLM's num_speculative_tokens_per_batch_size, as `specdec advise` prints it, "
         "e.g. '[[1,3,3],[4,15,2],[16,256,0]]'), and print the k in effect per workload",
     )
+    p.add_argument(
+        "--scenario",
+        choices=("steady", "drop"),
+        default="steady",
+        help="steady (default): both workloads as they are; drop: after a quiet start "
+        "(--drop-after), the coding agent's clients move to temperature 0.9 (its traffic "
+        "changes: the simulator's requests lose acceptance with their temperature) while the "
+        "engine accepts less of the voice chat's drafts (the engine changes), so the Payoff "
+        "board's 'Why acceptance moved' row and SpecDecodeAcceptanceDrop's labels (cause=mix "
+        "dimension=temperature, cause=within) tell the two apart (use --with-prometheus)",
+    )
+    p.add_argument(
+        "--drop-after",
+        type=float,
+        default=660.0,
+        metavar="SECONDS",
+        help="--scenario drop: seconds before the drop (default 660: the split of a change "
+        "needs a 10-minute window with a baseline before it, so that the drop alert names "
+        "its cause from the start)",
+    )
     p.set_defaults(run=run)
 
 
@@ -118,12 +138,15 @@ def run(args: argparse.Namespace) -> int:
         with_prometheus=args.with_prometheus,
         prometheus_port=args.prometheus_port,
         schedule=schedule,
+        scenario=args.scenario,
+        drop_after=args.drop_after,
     )
     for flag, value, ok, want in (
         ("--speed", options.speed, options.speed > 0, "> 0"),
         ("--report-every", options.report_every, options.report_every > 0, "> 0"),
         ("--concurrency", options.concurrency, options.concurrency >= 1, ">= 1"),
         ("--duration", options.duration, options.duration is None or options.duration > 0, "> 0"),
+        ("--drop-after", options.drop_after, options.drop_after >= 0, ">= 0"),
     ):
         if not ok:
             print(f"specdec demo: {flag} must be {want}, got {value}", file=sys.stderr)

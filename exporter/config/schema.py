@@ -371,7 +371,7 @@ def _window(r: Reader, node: yaml.Node, key: str) -> Window:
 @dataclass(frozen=True, slots=True)
 class Breakdown:
     """A route's acceptance change split into traffic mix and within-band parts: over `window`
-    against `baseline` ending now (`specdec_route_acceptance_change_ratio`; defaults as the
+    against the `baseline` before it (`specdec_route_acceptance_change_ratio`; defaults as the
     drop alert's longer window and its baseline)."""
 
     window: Window = setting(_window, parse_window("10m"))

@@ -264,7 +264,7 @@ class RouteCollector(FamiliesCollector):
         change = GaugeMetricFamily(
             "specdec_route_acceptance_change_ratio",
             f"The route's exact acceptance over the last {acc.change.window.label} less over "
-            f"the last {acc.change.baseline.label} (what it has seen of it), per dimension "
+            f"the {acc.change.baseline.label} before it (what it has seen of it), per dimension "
             "split into part=mix (its traffic moved between the dimension's bands) and "
             "part=within (the bands' own acceptance moved); the two add up to the change.",
             labels=[*ROUTE_LABELS, "dimension", "part"],

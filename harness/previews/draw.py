@@ -117,6 +117,10 @@ def draw_timeseries(ax: Any, panel: JSON, data: list[Series], now: float, span: 
             label=s.name,
         )
         handles.append(line)
+        opacity = defaults.get("custom", {}).get("fillOpacity", 0)
+        if opacity and not defaults.get("custom", {}).get("stacking", {}).get("group"):
+            x = [(t - now) / 60 for t in s.times]  # the area below the line, as Grafana fills it
+            ax.fill_between(x, s.values, color=line.get_color(), alpha=opacity / 200, lw=0)
         below = props.get("custom.fillBelowTo")  # a band down to the series of that name
         pairs = [o for o in data if o.name == below and o.times == s.times]
         if below and pairs:

@@ -72,6 +72,8 @@ def substitute(expr: str, values: dict[str, str] | None = None, range_: str = "1
         name = match.group(1) or match.group(2)
         if name in builtins:
             return builtins[name]
+        if name.isdigit():  # label_replace's $1: no variable's name (Grafana leaves it)
+            return match.group(0)
         return values.get(name, ".*")
 
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, expr)
@@ -119,7 +121,8 @@ def resolve_variables(
 ) -> dict[str, str]:
     """Values of the dashboard's variables as Grafana uses them with "All" selected: `given`
     first, then the variable's allValue, else the alternation of the values its
-    label_values() query finds (in variable order, so later queries see earlier values)."""
+    label_values() query finds (in variable order, so later queries see earlier values); a
+    query_result() variable's first value, and its text as NAME:text (`${NAME:text}`)."""
     values: dict[str, str] = {}
     for var in data.get("templating", {}).get("list", []):
         name = var["name"]
@@ -129,6 +132,9 @@ def resolve_variables(
             continue
         elif var.get("allValue"):
             values[name] = str(var["allValue"])
+        elif str(var["query"]).startswith("query_result("):
+            results = query_result(var, base, values, end)
+            values[name], values[f"{name}:text"] = results[0] if results else ("", "")
         else:
             found = variable_values(var, base, values, start, end)
             values[name] = "(" + "|".join(regex_escape(v) for v in found) + ")" if found else ""
@@ -138,12 +144,43 @@ def resolve_variables(
 def variable_values(
     var: JSON, base: str, values: dict[str, str], start: float, end: float
 ) -> list[str]:
-    """The values a query variable's label_values() finds, with earlier variables' `values`."""
+    """The values a query variable's label_values() (or query_result()) finds, with earlier
+    variables' `values`."""
+    if str(var["query"]).startswith("query_result("):
+        return [value for value, _ in query_result(var, base, values, end)]
     query = substitute(str(var["query"]), values)
     match = re.fullmatch(r"label_values\((.*),\s*(\w+)\s*\)", query, re.DOTALL)
     if match is None:
         raise ValueError(f"variable {var['name']}: cannot resolve {query!r}")
     return label_values(base, match.group(1), match.group(2), start, end)
+
+
+def query_result(var: JSON, base: str, values: dict[str, str], end: float) -> list[tuple[str, str]]:
+    """(value, text) of a query_result(EXPR) variable, as Grafana makes them: each series of
+    an instant query at the range's end as the line `name{a="x"} VALUE MILLISECONDS`, through
+    the variable's regex (its named groups `value` and `text`, else its first group)."""
+    query = substitute(str(var["query"]), values)
+    expr = query[len("query_result(") : -1]
+    regex = str(var.get("regex") or "")
+    pattern = re.compile(regex.strip("/").replace("(?<", "(?P<")) if regex else None
+    out = []
+    for item in instant(base, expr, end):
+        labels = dict(item["metric"])
+        name = labels.pop("__name__", "")
+        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        at, value = item["value"]
+        line = f"{name}{{{inner}}} {value} {int(float(at) * 1000)}"
+        match = pattern.search(line) if pattern else None
+        if pattern and match is None:
+            continue
+        if match is None:
+            out.append((line, line))
+        elif "value" in match.groupdict() or "text" in match.groupdict():
+            found = match.groupdict()
+            out.append((found.get("value") or found["text"], found.get("text") or found["value"]))
+        else:
+            out.append((match.group(1), match.group(1)))
+    return out
 
 
 def range_query(base: str, expr: str, start: float, end: float, step: float) -> list[JSON]:

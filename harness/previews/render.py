@@ -91,16 +91,18 @@ class Fetcher:
 
 
 def _with_values(title: str, values: dict[str, str]) -> str:
-    """A title with its `$variable`s replaced as Grafana shows them (several values: a, b)."""
+    """A title with its `$variable`s (`${variable}`, `${variable:text}`) replaced as Grafana
+    shows them (several values: a, b)."""
 
     def value(match: re.Match[str]) -> str:
-        found = values.get(match.group(1))
+        name = match.group(1) or match.group(3)
+        found = values.get(f"{name}:text" if match.group(2) == "text" else name)
         if found is None:
             return match.group(0)
         shown = ", ".join(found.strip("()").split("|"))
         return "all" if found in (".+", ".*") else re.sub(r"\\(.)", r"\1", shown)
 
-    return re.sub(r"\$(\w+)", value, title)
+    return re.sub(r"\$\{(\w+)(?::(\w+))?\}|\$(\w+)", value, title)
 
 
 WIDTH_IN, UNIT_IN, HEAD_IN = 22.0, 0.36, 0.6  # 24 columns; one grid unit (30 px); the title

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness.helpers import specdec
-from tests.integration.live import LEVELS, Live, post_json, recording_rule_names
+from tests.integration.live import DAY_LEVELS, Live, post_json, recording_rule_names
 
 pytestmark = pytest.mark.promtool
 
@@ -85,7 +85,7 @@ def test_acceptance_drop_fires_for_the_changed_route_only(live: Live) -> None:
     baseline = live.poll(
         lambda: route_value(live, BASELINE, "coding_agent"), 120, "the 1-day baseline"
     )
-    assert abs(baseline - LEVELS["coding_agent"]) < 0.02, baseline  # the backfilled day's
+    assert abs(baseline - DAY_LEVELS["coding_agent"]) < 0.02, baseline  # the backfilled day's
     live.poll(lambda: route_value(live, NOW, "coding_agent"), 60, "the 1m acceptance")
     before = route_value(live, NOW, "coding_agent")
     assert before is not None and 0.6 < before < 0.82, before  # code_agent profile: 0.71
