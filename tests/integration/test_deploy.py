@@ -927,11 +927,11 @@ def test_series_per_replica_match_the_scaling_doc(
     print(f"\nengines={engines} routes={routes}: {total} series")
     for name, n in sorted(page.items()):
         print(f"  {n:5d} {name}")
-    # the doc's formula: 68 fixed + per engine 13 + per engine-label window gauges + 139 per
+    # the doc's formula: 78 fixed + per engine 13 + per engine-label window gauges + 139 per
     # route (its slices: 3 bands seen, one a dimension, x 4 counters; no split before the
     # breakdown's window is full)
     k, windows = 3, 3
     per_route = 76 + 3 * 4 + k + (8 + 2 * (k + 1)) * windows
-    formula = 68 + engines * (10 + k) + windows * (engines + 1) * (2 + k) + routes * per_route
+    formula = 78 + engines * (10 + k) + windows * (engines + 1) * (2 + k) + routes * per_route
     assert total == formula, f"{total} series, the formula says {formula}"
     assert expected == total, f"docs/scaling.md says {expected} for {engines} x {routes}"
