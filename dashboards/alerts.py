@@ -12,7 +12,12 @@ from typing import Any
 
 from dashboards.config import Mixin
 from dashboards.queries import slices
-from dashboards.queries.moments import rule_name
+from dashboards.queries.moments import (
+    replica_drop,
+    replica_relative_drop,
+    replica_requests,
+    rule_name,
+)
 from dashboards.queries.spec import ROUTES
 
 
@@ -50,6 +55,9 @@ def acceptance_drop(mix: Mixin) -> dict[str, Any]:
             f"  and on (route, model_name) {rule_name('acceptance_drop', 'zscore_rate', w)} > {drop.z}\n"
             f"  and on (route, model_name) {rule_name('spec_requests', 'increase', w)} >= {drop.min_requests}\n)"
         )
+    for w in drop.windows:  # one replica's drop, which the fleet's figure may not show
+        per_replica = replica_drop(w, drop.fraction, drop.z, drop.min_requests)
+        windows.append(f"max by (route, model_name) (\n{per_replica}\n)")
     return _alert(
         mix,
         "SpecDecodeAcceptanceDrop",
@@ -61,7 +69,8 @@ def acceptance_drop(mix: Mixin) -> dict[str, Any]:
         f"below its 1-day level over the last {' or '.join(drop.windows)}, by more than {drop.z} "
         f"request-level standard errors over at least {drop.min_requests} requests. Tokens per step and the "
         "speedup fall with it; below break-even speculation costs more than it saves."
-        + _cause(mix),
+        + _cause(mix)
+        + _replicas(mix),
         _cause_labels(mix),
     )
 
@@ -115,6 +124,34 @@ def _cause(mix: Mixin) -> str:
         f"{{{{ else }}}} {_pp(inside, this)} pp of {_pp(total, this)} pp is within bands along"
         " {{ $d }} (requests like the day's accept less: the engine, model or drafter"
         f" changed); traffic mix {_pp(mixed, this)} pp.{{{{ end }}}}{{{{ end }}}}"
+    )
+
+
+def _replicas(mix: Mixin) -> str:
+    """The replicas the drop is on (each more than the fraction below the route's day over
+    enough requests), by every label of theirs (region, pod, instance, ...), where they are
+    some of the route's replicas; nothing where they are all of them (one replica, or a
+    fleet-wide drop: the traffic or a release)."""
+    drop = mix.acceptance_drop
+    below = " or ".join(
+        f"({replica_relative_drop(w)} > {drop.fraction}"
+        f" and {replica_requests(w)} >= {drop.min_requests})"
+        for w in drop.windows
+    )
+    mine = f"{rule_name('exact_acceptance', 'ratio_rate', '1d')}{{route=%q, model_name=%q}}"
+    serving = f"{replica_requests(drop.windows[-1])} > 0"
+    some = (
+        f"({below}) and on (route, model_name) {mine}"
+        f" unless on (route, model_name) count by (route, model_name) ({below})"
+        f" >= count by (route, model_name) ({serving})"
+    )
+    some = some.replace(chr(10), " ").replace('"', "'")
+    skip = '(eq $k "route") (eq $k "model_name") (eq $k "job")'
+    return (
+        f"{{{{ with {_query(some, '$labels.route $labels.model_name')} }}}}"
+        " Only on {{ range $i, $r := . }}{{ if $i }}, {{ end }}"
+        f"{{{{ range $k, $v := $r.Labels }}}}{{{{ if not (or {skip}) }}}}{{{{ $k }}}}={{{{ $v }}}} {{{{ end }}}}{{{{ end }}}}"
+        "({{ $r.Value | humanizePercentage }} below){{ end }}: the other replicas hold.{{ end }}"
     )
 
 

@@ -12,8 +12,10 @@ every sum describes the same requests, those the scrapes saw end inside the wind
     half-width (95 %) = t(0.975, n_eff - 1) * SE                  (none below n_eff = 3)
 
 `rate()` or `increase()` would extrapolate each sum to the window's edges: with 15 s scrapes a
-1m window's SE came out 0.84-0.87 of the true one. A window across a reset of the sidecar's
-counters (a restart) has no interval. Requests are the independent units (cluster-robust), so a
+1m window's SE came out 0.84-0.87 of the true one. A sidecar whose counters reset in the window
+(a restart) counts from the reset, the other sidecars the whole window: every counter of a
+sidecar restarts together, so each sum still describes the same requests, and one replica's
+restart never blinds the fleet's interval. Requests are the independent units (cluster-robust), so a
 window of few long requests gets the wide interval it deserves. All sums are counters: summed
 across replicas first, as always. A route's drop against its own day is judged by
 z = (p_1d - p) / SE, where SE is the larger of the window's own and the one the day's
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from dashboards.queries import spec
 from dashboards.queries.labels import ROUTE
-from dashboards.queries.promql import by, ratio, sum_rate
+from dashboards.queries.promql import by, rate, ratio, sum_rate
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS, T_975_TERMS
 
 EXACT = 'source="exact"'
@@ -52,21 +54,26 @@ def _moments(window: str, sel: str = "") -> dict[str, str]:
     }
 
 
-def _delta(counter: str, window: str, sel: str = "") -> str:
-    """The counter's increase between the first and the last sample in the window, summed."""
+def _delta(counter: str, window: str, sel: str = "", grouping: str = by(ROUTE)) -> str:
+    """The counter's increase between the first and the last sample in the window, per series
+    (one that reset in it: its last value, the increase since the reset), summed."""
     series = f"{counter}{{{sel}}}[{window}]" if sel else f"{counter}[{window}]"
-    return f"sum {by(ROUTE)} (max_over_time({series}) - min_over_time({series}))"
+    steady = f"max_over_time({series}) - min_over_time({series}) unless resets({series}) > 0"
+    restarted = f"last_over_time({series}) and resets({series}) > 0"
+    return f"sum {grouping} (\n  ({steady})\n  or\n  ({restarted})\n)"
 
 
-def _deltas(window: str) -> dict[str, str]:
+def _deltas(window: str, grouping: str = by(ROUTE)) -> dict[str, str]:
     return {
-        "A": _delta("specdec_route_accepted_tokens_total", window, EXACT),
-        "T": _delta("specdec_route_draft_tokens_total", window, EXACT),
-        "aa": _delta("specdec_route_request_accepted_tokens_squared_total", window),
-        "at": _delta("specdec_route_request_accepted_times_draft_tokens_total", window),
-        "tt": _delta("specdec_route_request_draft_tokens_squared_total", window),
-        "ttt": _delta("specdec_route_request_draft_tokens_cubed_total", window),
-        "m": _delta("specdec_route_spec_requests_total", window),
+        "A": _delta("specdec_route_accepted_tokens_total", window, EXACT, grouping),
+        "T": _delta("specdec_route_draft_tokens_total", window, EXACT, grouping),
+        "aa": _delta("specdec_route_request_accepted_tokens_squared_total", window, "", grouping),
+        "at": _delta(
+            "specdec_route_request_accepted_times_draft_tokens_total", window, "", grouping
+        ),
+        "tt": _delta("specdec_route_request_draft_tokens_squared_total", window, "", grouping),
+        "ttt": _delta("specdec_route_request_draft_tokens_cubed_total", window, "", grouping),
+        "m": _delta("specdec_route_spec_requests_total", window, "", grouping),
     }
 
 
@@ -89,20 +96,23 @@ def residual(p: str, window: str, sel: str = "") -> str:
 
 
 def effective_requests(window: str) -> str:
-    """d_T^2 / d_tt, the requests the window weighs as; absent across a counter reset."""
+    """d_T^2 / d_tt, the requests the window weighs as."""
     d = _deltas(window)
-    resets = f"sum {by(ROUTE)} (resets(specdec_route_spec_requests_total[{window}]))"
-    return f"{d['T']} ^ 2\n/\n({d['tt']} > 0)\nunless on (route, model_name) ({resets} > 0)"
+    return f"{d['T']} ^ 2\n/\n({d['tt']} > 0)"
 
 
 def acceptance_stderr(window: str) -> str:
     """The window's own cluster-robust SE of the exact acceptance, with the small-sample
     factor of its lengths; absent below MIN_EFFECTIVE_REQUESTS effective requests."""
-    d = _deltas(window)
     n = f"({rule_name('effective_requests', 'delta', window)} >= {MIN_EFFECTIVE_REQUESTS:g})"
+    return _stderr(_deltas(window), n, "on (route, model_name) ")
+
+
+def _stderr(d: dict[str, str], n: str, match: str = "") -> str:
+    """The SE from the window's sums `d` and its effective requests `n` (matched `match`)."""
     p = f"({d['A']}\n/ ({d['T']} > 0))"
     residual = f"(\n{d['aa']}\n- 2 * {p} * {d['at']}\n+ {p} ^ 2 * {d['tt']}\n)"
-    kept = f"(1 - 2 * {d['ttt']} / ({d['T']} * {d['tt']}) + on (route, model_name) 1 / {n})"
+    kept = f"(1 - 2 * {d['ttt']} / ({d['T']} * {d['tt']}) + {match}1 / {n})"
     return f"sqrt(\n  clamp_min({residual}, 0)\n  / ({kept} > 0)\n)\n/ ({d['T']} > 0)"
 
 
@@ -153,4 +163,50 @@ def collapsed_share(window: str, sel: str = "", below: str = "0.05") -> str:
     return ratio(
         _rate("specdec_route_request_acceptance_ratio_bucket", window, f'{join}le="{below}"'),
         _rate("specdec_route_request_acceptance_ratio_count", window, sel),
+    )
+
+
+# --- per replica: SpecDecodeAcceptanceDrop's second half ----------------------------------
+# A replica is every label a sidecar's series carries but `source`: the target's (job,
+# instance, pod, ...) and the Prometheus server's external ones (cluster, ...), whatever the
+# deployment names them. Nothing is recorded per replica: no series multiply by replicas.
+REPLICA = "without (source)"
+
+
+def replica_relative_drop(window: str) -> str:
+    """Per replica: (the route's 1-day acceptance over the fleet - the replica's own over the
+    window) / the former."""
+    p0 = rule_name("exact_acceptance", "ratio_rate", "1d")
+    return f"{_replica_gap(window)}\n/ on (route, model_name) group_left () {p0}"
+
+
+def _replica_gap(window: str) -> str:
+    p0 = rule_name("exact_acceptance", "ratio_rate", "1d")
+    accepted = rate("specdec_route_accepted_tokens_total", window, EXACT)
+    drafted = rate("specdec_route_draft_tokens_total", window, EXACT)
+    own = ratio(f"sum {REPLICA} ({accepted})", f"sum {REPLICA} ({drafted})")
+    return f"({p0} - on (route, model_name) group_right () (\n{own}\n))"
+
+
+def replica_requests(window: str) -> str:
+    return f"sum {REPLICA} (increase(specdec_route_spec_requests_total[{window}]))"
+
+
+def replica_drop(window: str, fraction: float, z: float, min_requests: int) -> str:
+    """Per replica, the fleet's drop test on the replica's own requests: its acceptance more
+    than `fraction` below the route's 1-day level over the fleet, by more than `z` standard
+    errors (the larger of its window's own and the one the fleet's day predicts for its
+    requests, as `drop_zscore`) over at least `min_requests` requests. One replica with a
+    broken drafter among many moves the fleet's figure too little to page; for one replica
+    this is the fleet's test."""
+    d = _deltas(window, REPLICA)
+    n = f"(({d['T']} ^ 2\n/\n({d['tt']} > 0)) >= {MIN_EFFECTIVE_REQUESTS:g})"
+    own = _stderr(d, n)
+    q = rule_name("request_residual_variance", "ratio_rate", "1d")
+    predicted = f"sqrt({d['m']} * on (route, model_name) group_left () {q})\n/ ({d['T']} > 0)"
+    se = f"((\n{own}\n) >= (\n{predicted}\n)) or (\n{predicted}\n)"
+    return (
+        f"{replica_relative_drop(window)} > {fraction}\n"
+        f"and\n{_replica_gap(window)}\n/ (\n{se}\n) > {z}\n"
+        f"and\n{replica_requests(window)} >= {min_requests}"
     )
