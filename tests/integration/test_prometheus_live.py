@@ -64,9 +64,12 @@ def test_advise_reads_the_same_advice_from_prometheus_as_from_the_sidecar(live: 
     def both_routes() -> dict[str, Any] | None:
         found = advice("--prometheus", live.prometheus)
         routes = {r["route"] for r in found["routes"]} if found else set()
-        return found if routes >= {"voice_chat", "coding_agent"} else None
+        # and the schedule: its per-position acceptance over 1m comes with its own scrapes
+        schedules = found["dynamic_speculative_decoding"].values() if found else []
+        ready = any("acceptance_rate_per_pos" in s for s in schedules)
+        return found if routes >= {"voice_chat", "coding_agent"} and ready else None
 
-    scraped = live.poll(both_routes, 150, "advise --prometheus with both routes")
+    scraped = live.poll(both_routes, 150, "advise --prometheus with both routes and a schedule")
     direct = advice("--sidecar", live.sidecar)
     assert direct is not None
     for a, b in zip(scraped["routes"], direct["routes"], strict=True):
