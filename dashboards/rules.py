@@ -41,12 +41,14 @@ def request_level_rules(mix: Mixin) -> list[dict[str, Any]]:
         out += [
             record(rule_name("exact_acceptance", "ratio_rate", w), moments.exact_acceptance(w)),
             record(rule_name("spec_requests", "increase", w), moments.spec_requests(w)),
+            *_deltas(moments.STDERR_SUMS, w),
             record(rule_name("effective_requests", "delta", w), moments.effective_requests(w)),
             record(rule_name("acceptance_stderr", "rate", w), moments.acceptance_stderr(w)),
             record(rule_name("acceptance_ci_halfwidth", "rate", w), moments.ci_halfwidth(w)),
         ]
     for w in mix.acceptance_drop.windows:
         out += [
+            *_deltas(("m",), w),
             record(rule_name("acceptance_stderr_baseline", "rate", w), moments.baseline_stderr(w)),
             record(rule_name("acceptance_drop", "zscore_rate", w), moments.drop_zscore(w)),
         ]
@@ -59,6 +61,10 @@ def request_level_rules(mix: Mixin) -> list[dict[str, Any]]:
             record(rule_name("collapsed_requests", "share_rate", w), moments.collapsed_share(w)),
         ]
     return out
+
+
+def _deltas(keys: tuple[str, ...], window: str) -> list[dict[str, Any]]:
+    return [record(moments.delta_rule(k, window), moments.window_delta(k, window)) for k in keys]
 
 
 def _band_rules(window: str) -> list[dict[str, Any]]:

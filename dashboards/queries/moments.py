@@ -2,7 +2,7 @@
 counters (exporter/core/stats.py has the same formula in Python).
 
 Over a window, with d_x the increase of counter x between the first and the last sample in the
-window (max_over_time - min_over_time, summed by route and model_name: no extrapolation, so
+window (last_over_time - min_over_time, summed by route and model_name: no extrapolation, so
 every sum describes the same requests, those the scrapes saw end inside the window):
 
     p     = d_A / d_T
@@ -56,25 +56,57 @@ def _moments(window: str, sel: str = "") -> dict[str, str]:
 
 def _delta(counter: str, window: str, sel: str = "", grouping: str = by(ROUTE)) -> str:
     """The counter's increase between the first and the last sample in the window, per series
-    (one that reset in it: its last value, the increase since the reset), summed."""
+    (one that reset in it: its last value, the increase since the reset), summed. Three scans
+    of the window and one-to-one arithmetic: a counter's last sample is its largest until it
+    resets, and the first is subtracted only where it did not."""
     series = f"{counter}{{{sel}}}[{window}]" if sel else f"{counter}[{window}]"
-    steady = f"max_over_time({series}) - min_over_time({series}) unless resets({series}) > 0"
-    restarted = f"last_over_time({series}) and resets({series}) > 0"
-    return f"sum {grouping} (\n  ({steady})\n  or\n  ({restarted})\n)"
+    return (
+        f"sum {grouping} (\n  last_over_time({series})\n"
+        f"  - min_over_time({series}) * (resets({series}) == bool 0)\n)"
+    )
 
 
-def _deltas(window: str, grouping: str = by(ROUTE)) -> dict[str, str]:
-    return {
-        "A": _delta("specdec_route_accepted_tokens_total", window, EXACT, grouping),
-        "T": _delta("specdec_route_draft_tokens_total", window, EXACT, grouping),
-        "aa": _delta("specdec_route_request_accepted_tokens_squared_total", window, "", grouping),
-        "at": _delta(
-            "specdec_route_request_accepted_times_draft_tokens_total", window, "", grouping
-        ),
-        "tt": _delta("specdec_route_request_draft_tokens_squared_total", window, "", grouping),
-        "ttt": _delta("specdec_route_request_draft_tokens_cubed_total", window, "", grouping),
-        "m": _delta("specdec_route_spec_requests_total", window, "", grouping),
-    }
+# The moment sums by key: (counter, selector, the recorded figure of its per-route delta).
+_SUMS = {
+    "A": ("specdec_route_accepted_tokens_total", EXACT, "exact_accepted_tokens"),
+    "T": ("specdec_route_draft_tokens_total", EXACT, "exact_draft_tokens"),
+    "aa": (
+        "specdec_route_request_accepted_tokens_squared_total",
+        "",
+        "request_accepted_tokens_squared",
+    ),
+    "at": (
+        "specdec_route_request_accepted_times_draft_tokens_total",
+        "",
+        "request_accepted_times_draft_tokens",
+    ),
+    "tt": ("specdec_route_request_draft_tokens_squared_total", "", "request_draft_tokens_squared"),
+    "ttt": ("specdec_route_request_draft_tokens_cubed_total", "", "request_draft_tokens_cubed"),
+    "m": ("specdec_route_spec_requests_total", "", "spec_requests"),
+}
+STDERR_SUMS = ("A", "T", "aa", "at", "tt", "ttt")  # what a window's own SE reads; "m" the drop's
+
+
+def _deltas(window: str, grouping: str) -> dict[str, str]:
+    """Every moment sum over the window, inline (grouped `grouping`)."""
+    return {key: _delta(c, window, sel, grouping) for key, (c, sel, _) in _SUMS.items()}
+
+
+def delta_rule(key: str, window: str) -> str:
+    """The recorded name of a moment sum's per-route delta over the window."""
+    return rule_name(_SUMS[key][2], "delta", window)
+
+
+def window_delta(key: str, window: str) -> str:
+    """A moment sum's per-route delta over the window, to record: each is read several times
+    by the SE, its effective requests and the drop's z-score, and a reset-aware delta scans
+    the window five times, so inline they made the route group's evaluation twice as long."""
+    counter, sel, _ = _SUMS[key]
+    return _delta(counter, window, sel)
+
+
+def _recorded(window: str) -> dict[str, str]:
+    return {key: delta_rule(key, window) for key in _SUMS}
 
 
 def exact_acceptance(window: str, sel: str = "") -> str:
@@ -97,7 +129,7 @@ def residual(p: str, window: str, sel: str = "") -> str:
 
 def effective_requests(window: str) -> str:
     """d_T^2 / d_tt, the requests the window weighs as."""
-    d = _deltas(window)
+    d = _recorded(window)
     return f"{d['T']} ^ 2\n/\n({d['tt']} > 0)"
 
 
@@ -105,7 +137,7 @@ def acceptance_stderr(window: str) -> str:
     """The window's own cluster-robust SE of the exact acceptance, with the small-sample
     factor of its lengths; absent below MIN_EFFECTIVE_REQUESTS effective requests."""
     n = f"({rule_name('effective_requests', 'delta', window)} >= {MIN_EFFECTIVE_REQUESTS:g})"
-    return _stderr(_deltas(window), n, "on (route, model_name) ")
+    return _stderr(_recorded(window), n, "on (route, model_name) ")
 
 
 def _stderr(d: dict[str, str], n: str, match: str = "") -> str:
@@ -137,7 +169,7 @@ def residual_variance_1d() -> str:
 def baseline_stderr(window: str) -> str:
     """The SE the day's per-request spread predicts for the window's requests: sqrt(d_m q) /
     d_T, from the same samples as the window's own SE."""
-    d = _deltas(window)
+    d = _recorded(window)
     q = rule_name("request_residual_variance", "ratio_rate", "1d")
     return f"sqrt({d['m']} * on (route, model_name) {q})\n/ ({d['T']} > 0)"
 
@@ -204,9 +236,12 @@ def replica_drop(window: str, fraction: float, z: float, min_requests: int) -> s
     own = _stderr(d, n)
     q = rule_name("request_residual_variance", "ratio_rate", "1d")
     predicted = f"sqrt({d['m']} * on (route, model_name) group_left () {q})\n/ ({d['T']} > 0)"
-    se = f"((\n{own}\n) >= (\n{predicted}\n)) or (\n{predicted}\n)"
+    gap = _replica_gap(window)
+    # gap / max(own, predicted) > z, as gap / predicted > z unless gap / own <= z (own absent
+    # below the effective requests): each SE evaluated once, not the larger one twice
     return (
         f"{replica_relative_drop(window)} > {fraction}\n"
-        f"and\n{_replica_gap(window)}\n/ (\n{se}\n) > {z}\n"
+        f"and\n{gap}\n/ (\n{predicted}\n) > {z}\n"
+        f"unless\n{gap}\n/ (\n{own}\n) <= {z}\n"
         f"and\n{replica_requests(window)} >= {min_requests}"
     )

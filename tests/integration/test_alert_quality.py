@@ -14,7 +14,9 @@ import pytest
 from harness.alert_traffic import RouteTraffic, Scenario, promtool_file, queries, run_promtool, step
 from harness.helpers import need_tool
 
-pytestmark = pytest.mark.promtool
+# promtool evaluates every shipped rule at each 15 s step of a day and of 2 h 20 min: about
+# 3 min of the two cores alone, more beside the heavy lane's other test
+pytestmark = [pytest.mark.promtool, pytest.mark.timeout(600)]
 
 ALERT = "SpecDecodeAcceptanceDrop"
 NOW = "route_model_name:specdec_route_exact_acceptance:ratio_rate1m"
