@@ -42,6 +42,7 @@ from exporter.core.reading import read_route
 from exporter.core.schedule import Schedule
 from exporter.core.stats import LOW_CONFIDENCE_REQUESTS
 from exporter.core.windows import DEFAULT_WINDOWS
+from exporter.demo_history import RouteDay, history
 from exporter.demo_prometheus import log_path, prometheus_child
 from exporter.measure.scenarios import Scenario, builtin
 from exporter.measure.stream_client import RequestFailed, stream_chat
@@ -61,13 +62,14 @@ CONTEXT = 160  # tokens a decoding request of the demo's two workloads holds, ti
 V = TypeVar("V")
 AGREE = 0.05  # the two speedups agree within this share
 ENGINE_JOB = DEFAULT_KIND  # the simulated engine's Prometheus job, as prometheus.yml names it
-# --scenario drop: the quiet start is the breakdown's window (10m) and a minute, so that the
-# split has a baseline before its window when the drop begins (the rules' day-long group, its
-# baseline's, evaluates every minute: at 10m the drop alert fired a minute before it had a
-# cause); then the agent's clients sample at 0.9 (the simulator keeps 0.64 of a request's
+# --scenario drop: the agent's clients sample at 0.9 (the simulator keeps 0.64 of a request's
 # acceptance: 71 % -> 45 %, its traffic's change) and the engine accepts 0.20 of the voice
-# chat's drafts (was 0.36: the engine's change); both fall by more than the drop alert's 30 %
+# chat's drafts (was 0.36: the engine's change); both fall by more than the drop alert's 30 %.
+# With Prometheus, whose TSDB holds a backfilled quiet day (demo_history.py), the drop comes
+# after two quiet minutes (the 1-day group's first evaluations, every minute); without, the
+# sidecar's split needs its own baseline before a 10-minute window: eleven minutes
 DROP_AFTER = 660.0
+DROP_AFTER_BACKFILLED = 120.0
 DROP_TEMPERATURE = 0.9
 DROP_ACCEPTANCE = 0.20
 VOICE_PROFILE = "ja_chat"  # the simulator's profile for the voice chat's Japanese prompts
@@ -87,7 +89,12 @@ class Options:
     prometheus_port: int = 9090
     schedule: Schedule | None = None
     scenario: str = "steady"  # or "drop"
-    drop_after: float = DROP_AFTER  # seconds of real time before the drop
+    drop_after: float | None = None  # seconds of real time before the drop (None: as above)
+
+    def drop_delay(self) -> float:
+        if self.drop_after is not None:
+            return self.drop_after
+        return DROP_AFTER_BACKFILLED if self.with_prometheus else DROP_AFTER
 
 
 # the two routes at a laptop's lengths (each request its route's mean), the agent routed by
@@ -95,6 +102,14 @@ class Options:
 WORKLOADS = (
     replace(VOICE, mean_tokens=160, spread=0),
     replace(AGENT, mean_tokens=400, header=None, path_prefix="/agent", spread=0),
+)
+# the quiet day backfilled for --scenario drop: what the demo's requests accept counted by
+# token (a request that accepts less runs more steps, so drafts more, and weighs more: 0.33 and
+# 0.675 measured on the demo over 8 minutes, below the profiles' 0.36 and 0.71, which a live
+# window would read as a drop), at a day's rates
+QUIET_DAY = (
+    RouteDay(VOICE.name, 0.33, 8, 300, WORKLOADS[0].mean_tokens),
+    RouteDay(AGENT.name, 0.675, 4, 1000, WORKLOADS[1].mean_tokens),
 )
 
 
@@ -288,8 +303,9 @@ async def run(opts: Options) -> None:
         await web.TCPSite(runner, opts.host, opts.sim_port).start()
         await sidecar.start()
         scraped = {"specdec": opts.sidecar_port, ENGINE_JOB: opts.sim_port}
+        day = history(time.time(), MODEL, QUIET_DAY) if opts.scenario == "drop" else None
         prometheus = (
-            prometheus_child(opts.host, opts.prometheus_port, scraped)
+            prometheus_child(opts.host, opts.prometheus_port, scraped, history=day)
             if opts.with_prometheus
             else contextlib.nullcontext(None)
         )
@@ -324,7 +340,7 @@ async def _report(
         flush=True,
     )
     if opts.scenario == "drop":
-        print(drop_plan(opts.drop_after, prometheus is not None), flush=True)
+        print(drop_plan(opts.drop_delay(), prometheus is not None), flush=True)
     failures = [0]
     proxy = f"{base}:{opts.proxy_port}"
     curve = sidecar.wiring.models[MODEL].curve
@@ -341,7 +357,7 @@ async def _report(
             for worker in range(opts.concurrency)
         ]  # fmt: skip
         if opts.scenario == "drop":
-            tasks.append(asyncio.create_task(_drop_later(opts.drop_after, engine, temperatures)))
+            tasks.append(asyncio.create_task(_drop_later(opts.drop_delay(), engine, temperatures)))
         try:
             started = time.monotonic()
             seen: Steps = {}
@@ -383,7 +399,8 @@ def drop_plan(after: float, with_prometheus: bool) -> str:
     where = (
         "SpecDecodeAcceptanceDrop fires a minute or two later for both, labelled cause=mix "
         "dimension=temperature and cause=within dimension=all, and the Payoff board's 'Why "
-        f"acceptance moved' row names each (in full at {full}, its 10m window all drop)"
+        f"acceptance moved' row names each (in full at {full}, its 10m window all drop); "
+        "Prometheus holds a backfilled quiet day, the baseline both are judged against"
         if with_prometheus
         else "the sidecar's specdec_route_acceptance_change_ratio splits each (add "
         "--with-prometheus for the alert and the dashboards' row)"

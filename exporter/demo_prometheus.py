@@ -1,7 +1,8 @@
 """`specdec demo --with-prometheus`: Debian's `prometheus` as a child of the demo, with the
 repo's rules, scraping the demo's own ports. Its TSDB lives in a temp dir removed at exit; its
 output goes to a log file, so a Prometheus that dies at start is reported with the end of that
-log and the file's name; after a clean run the log is removed."""
+log and the file's name; after a clean run the log is removed. Given a history (OpenMetrics,
+exporter/demo_history.py), promtool writes it into the TSDB first."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from exporter.demo_history import BackfillFailed, backfill
 
 READY_SECONDS = 30.0
 TAIL_LINES = 15
@@ -58,15 +61,20 @@ def _tail(path: Path) -> str:
 
 @contextlib.asynccontextmanager
 async def prometheus_child(
-    host: str, port: int, scrape_ports: dict[str, int], repo_config: Path = Path("prometheus.yml")
+    host: str,
+    port: int,
+    scrape_ports: dict[str, int],
+    repo_config: Path = Path("prometheus.yml"),
+    history: str | None = None,
 ) -> AsyncIterator[str | None]:
     """Yield Prometheus' URL once it is ready; None (with a line printed) when it cannot run
-    here; ChildFailed when it exits at start. Ended (and its TSDB removed) on the way out."""
-    binary = shutil.which("prometheus")
-    if binary is None or not repo_config.exists():
+    here; ChildFailed when it exits at start or its history cannot be written. Ended (and its
+    TSDB removed) on the way out."""
+    binary, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if binary is None or not repo_config.exists() or (history is not None and promtool is None):
         print(
-            "--with-prometheus: needs `prometheus` on PATH (Debian: apt-get install prometheus) "
-            "and ./prometheus.yml (run from the repo root); going on without it"
+            "--with-prometheus: needs `prometheus` and `promtool` on PATH (Debian: apt-get "
+            "install prometheus) and ./prometheus.yml (run from the repo root); going on without it"
         )
         yield None
         return
@@ -74,6 +82,12 @@ async def prometheus_child(
     with tempfile.TemporaryDirectory(prefix="specdec-demo-prometheus-") as tmp:
         config = Path(tmp) / "prometheus.yml"
         config.write_text(yaml.safe_dump(_config(repo_config, host, scrape_ports)))
+        if history is not None:
+            assert promtool is not None
+            try:
+                await backfill(history, Path(tmp) / "tsdb", promtool)
+            except BackfillFailed as exc:
+                raise ChildFailed(f"prometheus' history: {exc}") from None
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [

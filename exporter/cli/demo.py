@@ -94,19 +94,24 @@ def register(add_verb: AddVerb) -> None:
     p.add_argument(
         "--drop-after",
         type=float,
-        default=660.0,
+        default=None,
         metavar="SECONDS",
-        help="--scenario drop: seconds before the drop (default 660: the split of a change "
-        "needs a 10-minute window with a baseline before it, so that the drop alert names "
-        "its cause from the start)",
+        help="--scenario drop: seconds before the drop (default 120 with --with-prometheus, "
+        "whose TSDB then holds a backfilled quiet day to judge the drop against; 660 without: "
+        "the sidecar's split of a change needs a 10-minute window with a baseline before it)",
     )
     p.set_defaults(run=run)
 
 
-def prometheus_missing() -> str | None:
+def prometheus_missing(scenario: str) -> str | None:
     """What --with-prometheus lacks here, in one phrase; None when it can run."""
     if shutil.which("prometheus") is None:
         return "needs `prometheus` on PATH (Debian: apt-get install prometheus)"
+    if scenario == "drop" and shutil.which("promtool") is None:
+        return (
+            "--scenario drop needs `promtool` on PATH to backfill a quiet day "
+            "(Debian: apt-get install prometheus)"
+        )
     if not Path("prometheus.yml").is_file():
         return (
             f"needs the repo's prometheus.yml, not found in {Path.cwd()} (run from the repo root)"
@@ -146,13 +151,13 @@ def run(args: argparse.Namespace) -> int:
         ("--report-every", options.report_every, options.report_every > 0, "> 0"),
         ("--concurrency", options.concurrency, options.concurrency >= 1, ">= 1"),
         ("--duration", options.duration, options.duration is None or options.duration > 0, "> 0"),
-        ("--drop-after", options.drop_after, options.drop_after >= 0, ">= 0"),
+        ("--drop-after", options.drop_after, options.drop_delay() >= 0, ">= 0"),
     ):
         if not ok:
             print(f"specdec demo: {flag} must be {want}, got {value}", file=sys.stderr)
             return EXIT_USAGE
     if args.with_prometheus:
-        missing = prometheus_missing()
+        missing = prometheus_missing(args.scenario)
         if missing:
             print(f"specdec demo: --with-prometheus: {missing}", file=sys.stderr)
             return EXIT_USAGE

@@ -31,6 +31,8 @@ from dashboards.boards import payoff
 from dashboards.boards.panels import JSON
 from dashboards.rules import RULES_DIR as SHIPPED_RULES_DIR
 from exporter.core.durations import parse_duration
+from exporter.demo import QUIET_DAY
+from exporter.demo_history import history
 from harness.helpers import child, free_port, need_tool, wait_for
 from harness.previews.live import (
     PrometheusError,
@@ -64,13 +66,8 @@ demo.main(demo.Options(
 """
 MODEL = "sim-27b"  # exporter.demo.MODEL
 LEVELS = {"voice_chat": 0.36, "coding_agent": 0.71}  # the demo's profiles (ja_chat, code_agent)
-# what the demo's requests accept counted by token, the backfilled day's level: a request that
-# accepts less runs more steps, so drafts more, and weighs more (measured on the demo: 0.33 and
-# 0.675 over 8 minutes); at the profiles' levels the live window read 2.5-3 points below the
-# day, a drop "within bands" on steady traffic
-DAY_LEVELS = {"voice_chat": 0.33, "coding_agent": 0.675}
+DAY_LEVELS = {day.route: day.acceptance for day in QUIET_DAY}  # the backfilled day's
 MOVES_ONLY = {payoff.SPLIT_TITLE}  # tests/integration/test_demo_drop.py draws it on a drop
-SLICES = (("temperature", "unset"), ("output", "text"), ("prompt_tokens", "le512"))  # its bands
 
 
 def rule_groups(paths: list[Path] = SHIPPED_RULES) -> list[dict[str, Any]]:
@@ -156,96 +153,9 @@ def prometheus_config(
     return config
 
 
-def history(now: float) -> str:
-    """OpenMetrics for `promtool tsdb create-blocks-from`: a day of each demo route's counters
-    (ending a minute before now) at the level its requests reach (DAY_LEVELS), with the
-    per-request spread the simulator draws (sd ~0.115 of a request's acceptance), its exact
-    requests' slices in the bands the demo's requests fall in (so the breakdown's baseline is
-    a day's), the engine's restart counter (so routes and engine have a day of history, as in
-    production), and yesterday's hourly acceptance."""
-    start, end, step = int(now) - 25 * 3600, int(now) - 60, 60
-    per_minute = {"voice_chat": (8, 300), "coding_agent": (4, 1000)}  # requests, draft tokens each
-    spread = 0.115
-
-    def per_request(route: str, name: str) -> float:
-        """One minute's increase of a counter: m requests of t draft tokens, accepting p t
-        +- spread t in turn."""
-        m, t = per_minute[route]
-        p = DAY_LEVELS[route]
-        values = {
-            "specdec_route_draft_tokens": m * t,
-            "specdec_route_accepted_tokens": m * p * t,
-            "specdec_route_drafts": m * t / 3,
-            "specdec_route_spec_requests": m,
-            "specdec_route_request_draft_tokens_squared": m * t * t,
-            "specdec_route_request_accepted_tokens_squared": m * ((p * t) ** 2 + (spread * t) ** 2),
-            "specdec_route_request_accepted_times_draft_tokens": m * p * t * t,
-            "specdec_route_request_draft_tokens_cubed": m * t**3,
-            "specdec_route_runaway_requests": 0,
-            "specdec_route_requests_below_breakeven": 0,
-            "specdec_route_requests": m,
-        }
-        return values[name]
-
-    exact = ("specdec_route_draft_tokens", "specdec_route_accepted_tokens", "specdec_route_drafts")
-    names = (
-        *exact,
-        "specdec_route_spec_requests",
-        "specdec_route_request_draft_tokens_squared",
-        "specdec_route_request_accepted_tokens_squared",
-        "specdec_route_request_accepted_times_draft_tokens",
-        "specdec_route_request_draft_tokens_cubed",
-        "specdec_route_runaway_requests",
-        "specdec_route_requests_below_breakeven",
-        "specdec_route_requests",
-    )
-    lines = []
-    for name in names:
-        lines.append(f"# TYPE {name} counter")
-        for route in LEVELS:
-            labels = f'job="specdec",instance="backfill",model_name="{MODEL}",route="{route}"'
-            if name in exact:
-                labels += ',source="exact"'
-            if name == "specdec_route_requests":
-                labels += ',status="200",finish_reason="stop"'
-            increase = per_request(route, name)
-            for n, ts in enumerate(range(start, end, step)):
-                lines.append(f"{name}_total{{{labels}}} {increase * n:.1f} {ts}")
-    # the slices: every demo request has no temperature, text output, a short prompt
-    completion = {"voice_chat": 160, "coding_agent": 400}  # exporter.demo.WORKLOADS
-    for name, per_route in (
-        ("draft_tokens", lambda r: per_request(r, "specdec_route_draft_tokens")),
-        ("accepted_tokens", lambda r: per_request(r, "specdec_route_accepted_tokens")),
-        ("requests", lambda r: per_request(r, "specdec_route_requests")),
-        ("completion_tokens", lambda r: per_request(r, "specdec_route_requests") * completion[r]),
-    ):
-        family = f"specdec_route_slice_{name}"
-        lines.append(f"# TYPE {family} counter")
-        for route in LEVELS:
-            for dimension, band in SLICES:
-                labels = (
-                    f'job="specdec",instance="backfill",model_name="{MODEL}",route="{route}",'
-                    f'dimension="{dimension}",band="{band}"'
-                )
-                increase = per_route(route)
-                for n, ts in enumerate(range(start, end, step)):
-                    lines.append(f"{family}_total{{{labels}}} {increase * n:.1f} {ts}")
-    # the engine the sidecar tracked all day (the dashboards' full-window history marker)
-    lines.append("# TYPE specdec_engine_restarts counter")
-    labels = f'job="specdec",instance="backfill",target="sim",model_name="{MODEL}",engine="0"'
-    lines += [f"specdec_engine_restarts_total{{{labels}}} 0 {ts}" for ts in range(start, end, step)]
-    rule = "route_model_name:specdec_route_acceptance:ratio_rate1h"
-    lines.append(f"# TYPE {rule} gauge")
-    for route, level in DAY_LEVELS.items():
-        for ts in range(int(now) - 86400 - 5400, int(now) - 86400 + 1800, 15):
-            lines.append(f'{rule}{{model_name="{MODEL}",route="{route}"}} {level} {ts}')
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"
-
-
 def backfill(tsdb: Path, tmp: Path, promtool: str) -> None:
     source = tmp / "history.om"
-    source.write_text(history(time.time()), encoding="utf-8")
+    source.write_text(history(time.time(), MODEL, QUIET_DAY), encoding="utf-8")
     done = subprocess.run(
         [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
         capture_output=True,

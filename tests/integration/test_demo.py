@@ -6,12 +6,14 @@ dies at start are one clear message."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -143,6 +145,37 @@ def test_a_stop_signal_ends_the_demo_and_its_prometheus(tmp_path: Path, sig: int
     assert not temp_dir.exists(), f"{temp_dir} left behind"
     assert not log_path(prom_port).exists(), "a clean stop keeps no Prometheus log"
     assert "Traceback" not in out.read_text()
+
+
+def test_the_drop_scenarios_prometheus_holds_a_quiet_day_from_its_start(tmp_path: Path) -> None:
+    """`--scenario drop --with-prometheus`: promtool backfills a quiet day before Prometheus
+    starts, so the drop two minutes in is judged against a day, not against its own start."""
+    need_tool("prometheus")
+    need_tool("promtool")
+    prom_port = free_port()
+    args = ["--with-prometheus", "--prometheus-port", str(prom_port), "--scenario", "drop"]
+    for flag in ("--sim-port", "--sidecar-port", "--proxy-port"):
+        args += [flag, str(free_port())]
+    out = tmp_path / "demo.out"
+    url = f"http://127.0.0.1:{prom_port}"
+    day = "specdec_route_draft_tokens_total{instance='backfill'}[1d]"
+    query = f"count by (route) (count_over_time({day}))"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            specdec("demo", *args), stdout=sink, stderr=subprocess.STDOUT, cwd=REPO
+        )
+        try:
+            wait_for(lambda: "scenario drop: at 2:00" in out.read_text(), 60, "the drop plan")
+            got = json.loads(http_get(f"{url}/api/v1/query?{urlencode({'query': query})}"))
+            minutes = {r["metric"]["route"]: float(r["value"][1]) for r in got["data"]["result"]}
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert set(minutes) == {"voice_chat", "coding_agent"}, got
+    assert all(n >= 1400 for n in minutes.values()), minutes  # a sample a minute, a day
+    assert code == 0 and "Traceback" not in out.read_text(), out.read_text()[-2000:]
 
 
 def test_with_prometheus_outside_the_repo_root_is_one_line_and_exit_2(tmp_path: Path) -> None:

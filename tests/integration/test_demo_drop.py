@@ -76,10 +76,14 @@ def test_the_drop_alert_and_the_row_name_each_cause(tmp_path: Path) -> None:
         # the backfilled day is the baseline: its real span, a day less the window
         assert _with_values(first["title"], values).endswith("against the 1 d before it")
 
+        seen: dict[str, dict[str, list[float]]] = {}  # the last reading, for the message
+
         def drawn() -> dict[str, dict[str, list[float]]] | None:
-            """Each panel's series over the run, once every panel has one (the split's first
-            point comes with the alert's evaluation: a range's last step may precede it)."""
-            out: dict[str, dict[str, list[float]]] = {}
+            """Each panel's series over the run, once every panel has one and the split both
+            parts (the split's first point comes with the alert's evaluation: a range's last
+            step may precede it)."""
+            out = seen
+            out.clear()
             for panel in panels[1:]:
                 for t in panel["targets"]:
                     expr = substitute(t["expr"], values)
@@ -87,9 +91,12 @@ def test_the_drop_alert_and_the_row_name_each_cause(tmp_path: Path) -> None:
                         name = legend(t["legendFormat"], item["metric"])
                         points = [float(v) for _, v in item["values"]]
                         out.setdefault(panel["title"], {})[name] = points
-            return out if len(out) == len(panels) - 1 else None
+            split = next((v for t, v in out.items() if t.startswith("Acceptance change")), {})
+            # the split's parts cross its 0.5 pp floor one evaluation apart: wait for both
+            both = len(split) >= 2
+            return out if len(out) == len(panels) - 1 and both else None
 
-        series = live.poll(drawn, 30, lambda: f"a series on each panel: {drawn()}")
+        series = live.poll(drawn, 30, lambda: f"a series on each panel, two parts split: {seen}")
         for title, found in series.items():
             for name, points in found.items():
                 assert any(v != 0 for v in points), (title, name)

@@ -33,7 +33,12 @@ def test_the_flags_are_a_contract() -> None:
     args = _parser().parse_args(["demo", "--scenario", "drop", "--drop-after", "30"])
     assert (args.scenario, args.drop_after) == ("drop", 30.0)
     defaults = _parser().parse_args(["demo"])
-    assert (defaults.scenario, defaults.drop_after) == ("steady", demo.DROP_AFTER)
+    assert (defaults.scenario, defaults.drop_after) == ("steady", None)
+    # with Prometheus (a backfilled quiet day) within minutes; without, after the sidecar's
+    # own baseline and window
+    assert demo.Options(with_prometheus=True).drop_delay() == demo.DROP_AFTER_BACKFILLED <= 180
+    assert demo.Options().drop_delay() == demo.DROP_AFTER
+    assert demo.Options(drop_after=30.0).drop_delay() == 30.0
     with pytest.raises(SystemExit):
         _parser().parse_args(["demo", "--scenario", "spike"])
 

@@ -45,8 +45,10 @@ MAY_IMPORT = {
         "exporter.sidecar",
         "exporter.sim",
         "exporter.demo_prometheus",
+        "exporter.demo_history",
     },
-    "exporter.demo_prometheus": set(),
+    "exporter.demo_prometheus": {"exporter.demo_history"},  # it backfills the history it gets
+    "exporter.demo_history": set(),
     "exporter.cli": {"exporter"},  # the verbs compose everything (dashboards' come by entry point)
     "exporter.logs": set(),
     "exporter.process": set(),
