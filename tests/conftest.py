@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
+import structlog
 
 BOTH_LOOPS = {
     "test_proxy_transparency.py",
@@ -95,3 +96,13 @@ def _process_group(item: pytest.Item) -> str | None:
     if item.path.name == "test_payoff_at_load.py" and callspec is not None:
         return f"payoff-{callspec.params['rig'].name}"
     return HEAVY.get(item.path.stem, item.path.stem)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """structlog's configuration restored after each test: a verb run in process
+    (`main(["demo", ...])`) sets the level to warning, and a later test on the same worker that
+    captures info lines (the request log's) would see none of them."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
