@@ -159,7 +159,7 @@ def test_the_drop_scenarios_prometheus_holds_a_quiet_day_from_its_start(tmp_path
     out = tmp_path / "demo.out"
     url = f"http://127.0.0.1:{prom_port}"
     day = "specdec_route_draft_tokens_total{instance='backfill'}[1d]"
-    query = f"count by (route) (count_over_time({day}))"
+    query = f"sum by (route) (count_over_time({day}))"
     with out.open("wb") as sink:
         proc = subprocess.Popen(
             specdec("demo", *args), stdout=sink, stderr=subprocess.STDOUT, cwd=REPO
