@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 import structlog
@@ -57,6 +58,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
             item.add_marker(pytest.mark.heavy)
     yield
     items.sort(key=_start_order)  # stable: each group keeps its order
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Every integration test belongs to a group (`_process_group`): one whose id came back
+    without its "@group" suffix means pytest-xdist's loadgroup did not apply (pytest 9.2), so
+    each test would be its own group and the module fixtures would start once per worker."""
+    untagged = [i for i in ids if "/integration/" in i and "@" not in i]
+    if untagged and node.config.getoption("dist") == "loadgroup":
+        pytest.exit(
+            f"pytest {pytest.__version__}: pytest-xdist's loadgroup left {untagged[0]} "
+            "without its group; install pytest<9.2",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 def _start_order(item: pytest.Item) -> int:
