@@ -59,6 +59,7 @@ class Buckets:
     """A histogram kept by hand, so the collector can build its family fresh on each scrape."""
 
     bounds: tuple[float, ...]
+    higher_tells: bool = False  # a bucket's exemplar: its highest value (TTFT), else its lowest
     counts: list[int] = field(default_factory=list)
     sum: float = 0.0
     examples: list[Example | None] = field(default_factory=list)  # one per bucket, if kept
@@ -72,20 +73,27 @@ class Buckets:
         if example is not None:
             if not self.examples:
                 self.examples = [None] * (len(self.bounds) + 1)
-            if _telling(example, self.examples[at]):
+            if _telling(example, self.examples[at], -1.0 if self.higher_tells else 1.0):
                 self.examples[at] = example
 
     def read(self) -> Histogram:
         return Histogram(self.bounds, tuple(self.counts), self.sum, tuple(self.examples))
 
 
-def _telling(new: Example, old: Example | None) -> bool:
-    """Whether `new` should stand for its bucket instead of `old`: the lower value (acceptance),
-    then the slower request, among those of the last EXEMPLAR_FRESH seconds; an older one
-    gives way to any."""
+def _telling(new: Example, old: Example | None, sign: float) -> bool:
+    """Whether `new` should stand for its bucket instead of `old`: the worse value (the lower
+    acceptance or decode rate, sign 1; the longer TTFT, sign -1), then the slower request,
+    among those of the last EXEMPLAR_FRESH seconds; an older one gives way to any."""
     if old is None or new.at - old.at > EXEMPLAR_FRESH:
         return True
-    return (new.value, -new.seconds) < (old.value, -old.seconds)
+    return (sign * new.value, -new.seconds) < (sign * old.value, -old.seconds)
+
+
+def _example(req: RequestOutcome, value: float) -> Example | None:
+    """The request as its bucket's exemplar of `value`, where it carries a trace id."""
+    if not req.trace_id:
+        return None
+    return Example(req.trace_id, req.request_id, value, req.at, req.seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +212,8 @@ class Accounting:
             return
         self.generation_tokens[key] += req.completion_tokens
         if req.ttft is not None:
-            self.ttft.setdefault(key, Buckets(TTFT_BUCKETS)).observe(req.ttft)
+            ttft = self.ttft.setdefault(key, Buckets(TTFT_BUCKETS, higher_tells=True))
+            ttft.observe(req.ttft, _example(req, req.ttft))
         if req.decode_seconds:
             self._add_decode(key, req)
         if req.without_exact is not None:
@@ -303,7 +312,8 @@ class Accounting:
         self.decode[decode_key] = self.decode.get(decode_key, Decode()) + Decode(
             tokens, seconds, steps or 0.0, drafted, context * held, held
         )
-        self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(tokens / seconds)
+        rate = tokens / seconds
+        self.decode_rate.setdefault(key, Buckets(RATE_BUCKETS)).observe(rate, _example(req, rate))
 
     def _add_slices(self, req: RequestOutcome, exact: Counts) -> None:
         """An exact request's draft and accepted tokens, itself and its completion tokens, to
@@ -334,10 +344,7 @@ class Accounting:
         buckets = self.acceptance.get(key)
         if buckets is None:
             buckets = self.acceptance[key] = Buckets(ACCEPTANCE_BUCKETS)
-        example = None
-        if req.trace_id:  # it may stand for its bucket: an exemplar
-            example = Example(req.trace_id, req.request_id, acceptance, req.at, req.seconds)
-        buckets.observe(acceptance, example)
+        buckets.observe(acceptance, _example(req, acceptance))
         config = self.models.get(key[1])
         drafts = exact.drafts or steps
         # slower: its own tokens per step / the step cost < 1

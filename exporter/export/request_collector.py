@@ -9,16 +9,15 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
-    Exemplar,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
 
 from exporter.accounting.ledger import RUNAWAY_ACCEPTANCE, Accounting
-from exporter.accounting.snapshot import Histogram, Snapshot
+from exporter.accounting.snapshot import Snapshot
 from exporter.core.stats import MIN_EFFECTIVE_REQUESTS
-from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
+from exporter.export.collector import ROUTE_LABELS, FamiliesCollector, with_exemplars
 
 MOMENTS = (  # family, help, field of RequestMoments: the names are a contract
     (
@@ -126,22 +125,3 @@ class RequestCollector(FamiliesCollector):
                     stderr.add_metric(series, interval.stderr)
                     halfwidth.add_metric(series, interval.halfwidth)
         yield from (acceptance, stderr, halfwidth, requests)
-
-
-def with_exemplars(observed: Histogram) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
-    """The cumulative buckets, each with its request as an OpenMetrics exemplar where it has
-    one: `trace_id` and `request_id` (the label names are a contract; 40 + 10 + at most 64
-    runes, within the format's 128). Only the OpenMetrics format shows them."""
-    buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
-    examples = observed.examples
-    for i, (bound, count) in enumerate(observed.cumulative()):
-        example = examples[i] if examples else None
-        if example is None:
-            buckets.append((bound, count))
-            continue
-        labels = {"trace_id": example.trace_id}
-        if example.request_id:
-            labels["request_id"] = example.request_id
-        at = example.at or None  # unknown: Prometheus stamps it with the scrape
-        buckets.append((bound, count, Exemplar(labels, example.value, at)))
-    return buckets

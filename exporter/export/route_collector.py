@@ -21,7 +21,7 @@ from exporter.core.reading import RouteReading, RouteWindow, read_route
 from exporter.core.slices import SliceCounts, change_parts
 from exporter.core.windows import Window
 from exporter.engines.base import Role, ScrapeHooks
-from exporter.export.collector import ROUTE_LABELS, FamiliesCollector
+from exporter.export.collector import ROUTE_LABELS, FamiliesCollector, with_exemplars
 from exporter.scrape.snapshot import TargetSnapshot
 from exporter.scrape.target import TargetState
 
@@ -201,7 +201,7 @@ class RouteCollector(FamiliesCollector):
         ):
             family = HistogramMetricFamily(name, doc, labels=ROUTE_LABELS)
             for key, histogram in sorted(table.items()):
-                family.add_metric(list(key), histogram.cumulative(), histogram.sum)
+                family.add_metric(list(key), with_exemplars(histogram), histogram.sum)
             yield family
 
     def _windows(self, acc: Snapshot, target: TargetSnapshot | None) -> Iterator[Metric]:

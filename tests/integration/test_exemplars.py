@@ -6,7 +6,8 @@ The test's clients send mixed traffic through the proxy, each request with its o
 `traceparent`: Japanese chat made low-acceptance on the simulator (ja_chat at 0.02, every
 request alike) and code at 0.8. Then `/api/v1/query_exemplars` for the acceptance histogram
 returns only trace ids the clients sent, the lowest bucket's is one of the low requests, the
-simulator received that very `traceparent`, and the sidecar's request log has its line.
+simulator received that very `traceparent`, and the sidecar's request log has its line; the
+TTFT and decode-rate histograms hold exemplars of the test's requests too.
 
 What it takes (~7 s on 2 cores): three child processes starting (Prometheus ~2 s, the sidecar
 and the simulator ~1 s each), 16 short streamed completions at 50x speed (~1 s), and polling
@@ -17,6 +18,7 @@ it would add minutes for one header that test_trace_context's echo upstream alre
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -123,26 +125,37 @@ def test_the_lowest_buckets_exemplar_is_a_low_request_the_engine_and_the_log_saw
             list(pool.map(one, range(16)))
         after = time.time()
 
-        def exemplars() -> list[tuple[float, dict[str, str]]] | None:
+        def stored(family: str) -> list[tuple[float, dict[str, str]]]:
+            """(le, labels) of each exemplar Prometheus holds for `family`'s buckets."""
             query = urllib.parse.urlencode(
                 {
-                    "query": "specdec_route_request_acceptance_ratio_bucket",
+                    "query": f"{family}_bucket",
                     "start": str(after - 120),
                     "end": str(time.time() + 5),
                 }
             )
             data = _get(f"{prom}/api/v1/query_exemplars?{query}")["data"]
-            found = [
+            return [
                 (float(series["seriesLabels"]["le"]), ex["labels"])
                 for series in data
                 for ex in series["exemplars"]
             ]
+
+        def exemplars() -> list[tuple[float, dict[str, str]]] | None:
+            found = stored("specdec_route_request_acceptance_ratio")
             # every bucket the traffic filled has its exemplar in: both profiles' buckets
             low_seen = any(labels["trace_id"] in low for _, labels in found)
             high_seen = any(labels["trace_id"] in sent.keys() - low for _, labels in found)
             return sorted(found, key=lambda f: f[0]) if low_seen and high_seen else None
 
         found = wait_for(exemplars, 20, "exemplars of both profiles in Prometheus")
+
+        def ours(family: str) -> set[str]:
+            return {labels["trace_id"] for _, labels in stored(family)} & sent.keys()
+
+        # the streamed requests' TTFT and decode rate: a request of the test's in each family
+        for family in ("specdec_route_ttft_seconds", "specdec_route_decode_tokens_per_second"):
+            wait_for(functools.partial(ours, family), 20, f"{family}'s exemplars in Prometheus")
         received = {r["id"]: r["traceparent"] for r in _get(f"{sim}/admin/received")}
     assert {labels["trace_id"] for _, labels in found} <= sent.keys()
     lowest_le, lowest = found[0]

