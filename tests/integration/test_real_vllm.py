@@ -4,7 +4,8 @@ the simulator's fidelity, the proxy's exactness and transparency, `specdec measu
 One module fixture installs vLLM into a cached venv (first run ~3 min, 3.4 GB), builds the tiny
 deterministic model and starts two servers in parallel, n-gram speculation with k=3: `main`
 with `--per-request-spec-decode-metrics detailed` (every test) and `summary` (only the shape
-comparison of summary objects). Locally a failed install or start skips; in CI it fails.
+comparison of summary objects); `main` sends its OTLP spans to a sink in the test (the trace
+context). Locally a failed install or start skips; in CI it fails.
 The restart test restarts `main`, so it runs last.
 """
 
