@@ -46,6 +46,10 @@ class Decoded:
         return self
 
 
+class AbTrafficError(Exception):
+    """A request of the A/B's traffic failed: `str()` names the server and the moment."""
+
+
 async def traffic(
     base: str, model: str, concurrency: int, seconds: float, proxied: bool, longer: int = 0
 ) -> dict[str, Decoded]:
@@ -68,7 +72,14 @@ async def traffic(
                 "max_tokens": work.tokens(f"{worker}/{i}"),
             }
             headers = work.headers if proxied else None
-            r = await stream_chat(session, f"{base}/v1/chat/completions", body, headers)
+            try:
+                r = await stream_chat(session, f"{base}/v1/chat/completions", body, headers)
+            except aiohttp.ClientError as exc:  # which server, when: the proxy's or the plain
+                raise AbTrafficError(
+                    f"{base} ({'proxy' if proxied else 'plain'}), c = {concurrency}, worker "
+                    f"{worker}, request {i}, {deadline - time.monotonic():.1f} s before the "
+                    f"phase's end: {exc!r}"
+                ) from exc
             if r.decode_seconds > 0:
                 found[route] += Decoded(r.completion_tokens - 1, r.decode_seconds)
             i += 1

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli.advise import advise
+from harness.ab_traffic import AbTrafficError
 from harness.helpers import unavailable
 from harness.real_vllm.payoff import HEADER, measure_curve, payoff, servers
 from harness.real_vllm.server import CACHE, ensure_model, ensure_venv
@@ -102,7 +103,10 @@ def test_the_load_aware_speedup_meets_the_ab_on_real_servers(workdir: Path) -> N
         assert [r["concurrency"] for r in curve] == LEVELS, curve
         for r in curve:  # a usable point per level: the batch and both step times
             assert r["running"] and r["plain_seconds"] and r["verify_seconds"], r
-        figures = payoff(spec, plain, curve, LEVELS, PHASE, workdir)
+        try:
+            figures = payoff(spec, plain, curve, LEVELS, PHASE, workdir)
+        except AbTrafficError as exc:  # the servers' and the sidecar's own account of it
+            raise AssertionError(f"{exc}\n{log_tails(workdir)}") from exc
     report = "\n".join([HEADER, *(f.line() for f in figures)])
     print(report)
     assert len(figures) == 2 * len(LEVELS), report
@@ -121,3 +125,11 @@ def test_the_load_aware_speedup_meets_the_ab_on_real_servers(workdir: Path) -> N
     for c in LEVELS:
         agent, voice = by[c, "coding_agent"], by[c, "voice_chat"]
         assert (agent.estimated or 0) > (voice.estimated or 0), report
+
+
+def log_tails(workdir: Path) -> str:
+    """The end of each log under `workdir` (the sidecar's, each server's), for a failure."""
+    return "\n".join(
+        f"--- {log.relative_to(workdir)}:\n{log.read_text(errors='replace')[-3000:]}"
+        for log in sorted(workdir.rglob("*.log"))
+    )
