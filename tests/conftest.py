@@ -80,9 +80,9 @@ def _start_order(item: pytest.Item) -> int:
     group = _process_group(item)
     if group is None:
         return 0
-    if group.startswith(("cpu-", "payoff-")):
-        return 1
-    return 3 if item.get_closest_marker("real_llamacpp") else 2
+    if item.get_closest_marker("real_llamacpp"):
+        return 3  # last in its lane too
+    return 1 if group.startswith(("cpu-", "payoff-")) else 2
 
 
 # integration modules that keep a core busy for minutes (vLLM-CPU decoding, promtool over days
@@ -93,6 +93,7 @@ HEAVY = {
     "test_real_vllm_payoff": "cpu-a",
     "test_real_vllm_schedule": "cpu-a",
     "test_fleet": "cpu-a",
+    "test_real_llamacpp": "cpu-a",  # after the vLLM tests: its build has had ~12 minutes
     "test_alert_quality": "cpu-b",
     "test_prometheus_rules": "cpu-b",
     "test_mixin": "cpu-b",

@@ -1,7 +1,8 @@
 """A mixin config that is not the default (docs/mixin.md): the sidecar under job
 `vllm-sidecar`, another drop threshold, another runbook URL. promtool accepts the rules it
-generates and passes the repo's promtool unit tests rewritten for it, and every panel of the
-dashboards it generates returns data from a live Prometheus scraping the sidecar under that job."""
+generates and passes the repo's promtool unit tests of the drop alert rewritten for it, and
+every panel of the dashboards it generates returns data from a live Prometheus scraping the
+sidecar under that job."""
 
 from __future__ import annotations
 
@@ -85,6 +86,11 @@ def test_promtool_accepts_the_rules_and_passes_the_unit_tests_rewritten(tmp_path
     tests.mkdir()
     for path in sorted((REPO / "deploy/prometheus/tests").glob("*.yml")):
         text = path.read_text(encoding="utf-8")
+        # the rules differ from the shipped ones only by the job, the runbook (a consistent
+        # renaming: test_the_config_changes_what_it_says_and_nothing_else) and the drop's
+        # threshold: the files without that alert pass in test_prometheus_rules, not run twice
+        if "SpecDecodeAcceptanceDrop" not in text:
+            continue
         rewritten = (
             text.replace('job="specdec"', f'job="{JOB}"')
             .replace("job: specdec\n", f"job: {JOB}\n")
