@@ -25,6 +25,7 @@ agent -> remote write -> global (~1-2 s), and the starts of 15 processes on 2 co
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -122,6 +123,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         )
         truth = {r.index: f.truth(r) for r in replicas}
         yield Run(f, start, settled, truth, fired, dict(traffic.requests))
+
+
+def _history(run: Run, series: list[dict[str, Any]]) -> str:
+    """Each alert series in full, with when it first fired (seconds into the run: the restart
+    and the fault come at ~WARM), for a failure's message."""
+    lines = []
+    for s in series:
+        labels = {k: v for k, v in s["metric"].items() if k != "__name__"}
+        selector = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        first = run.fleet.query(f"min_over_time(timestamp(ALERTS{{{selector}}})[{run.span()}:1s])")
+        at = f"{float(first[0]['value'][1]) - run.start:.0f} s" if first else "?"
+        lines.append(f"{json.dumps(labels, sort_keys=True)} first at {at}")
+    return "\n".join(lines)
 
 
 def _rule(figure: str, window: str) -> str:
@@ -256,7 +270,7 @@ def test_the_degraded_replica_fires_one_alert_that_names_it_and_resolves(run: Ru
         for s in fell:
             assert float(s["value"][1]) < MIX.acceptance_drop.fraction, (window, s)
     series = run.fleet.query(f'count_over_time(ALERTS{{alertname="{ALERT}"}}[{run.span()}])')
-    assert len(series) == 1, series
+    assert len(series) == 1, _history(run, series)
     assert series[0]["metric"]["alertstate"] == "firing", series
     assert run.fleet.query(f'ALERTS{{alertname="{ALERT}"}}', run.end) == []
 
@@ -273,7 +287,7 @@ def test_the_restart_reset_the_counters_and_fired_nothing(run: Run) -> None:
         # SpecDecodeExporterDown waits 2 minutes: pending while it was down, never firing
         assert m.get("pod") != restarted.name or m["alertstate"] == "pending", a
         if m["alertname"] == ALERT:
-            assert m["model_name"] != restarted.model, a
+            assert m["model_name"] != restarted.model, _history(run, [a])
 
 
 def test_every_series_reaches_the_global_view_with_pod_and_cluster(run: Run) -> None:
