@@ -19,7 +19,7 @@ test:  # the edit loop: unit, in-process and bench-harness tests, two workers (~
 XDIST = --dist loadgroup --no-loadscope-reorder
 test-all:
 	$(PYTEST) -n 2 $(FAST); a=$$?; \
-	$(PYTEST) -n 4 $(XDIST) -m "not heavy" tests/integration; b=$$?; \
+	$(PYTEST) -n 5 $(XDIST) -m "not heavy" tests/integration; b=$$?; \
 	$(PYTEST) -n 2 $(XDIST) -m heavy tests/integration; exit $$((a | b | $$?))
 
 lint:

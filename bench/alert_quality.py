@@ -20,7 +20,8 @@ at half-time from 30/70 to 70/30 (0.73 -> 0.57, a real 22 % change); (f) quiet r
 
     python bench/alert_quality.py [--hours 24] [--keep DIR] [--rules DIR] [--record]
 
-Runtime ~4-5 minutes on 2 cores (promtool evaluates every rule 5,760 times per 24 h run).
+Runtime ~3 minutes on 2 cores (promtool evaluates the rules the alert reads 5,760 times per 24 h
+run).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from harness.alert_traffic import (  # noqa: E402
     RouteTraffic,
     Scenario,
     promtool_file,
+    pruned_rules,
     queries,
     run_promtool,
     step,
@@ -120,6 +122,8 @@ def main() -> int:
     asked = queries(ALERT, NOW)
     got: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="specdec-alert-quality-") as tmp:
+        # the shipped rules the alert reads (beside the test files, which name them)
+        rules = pruned_rules((ALERT, NOW), (args.keep or Path(tmp)) / "rules", rules)
         paths = []
         for seed, scenario in enumerate(runs):
             path = Path(tmp) / f"alert_quality_{scenario.name}.yml"

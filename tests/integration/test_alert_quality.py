@@ -11,11 +11,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness.alert_traffic import RouteTraffic, Scenario, promtool_file, queries, run_promtool, step
+from harness.alert_traffic import (
+    RouteTraffic,
+    Scenario,
+    promtool_file,
+    pruned_rules,
+    queries,
+    run_promtool,
+    step,
+)
 from harness.helpers import need_tool
 
-# promtool evaluates every shipped rule at each 15 s step of a day and of 2 h 20 min: about
-# 3 min of the two cores alone, more beside the heavy lane's other test
+# promtool evaluates the rules the alert reads (`pruned_rules`) at each 15 s step of a day and
+# of 2 h 20 min: about 2 min of a core alone, more beside the heavy lane's other test
 pytestmark = [pytest.mark.promtool, pytest.mark.timeout(600)]
 
 ALERT = "SpecDecodeAcceptanceDrop"
@@ -30,19 +38,9 @@ def name(rate: float) -> str:
     return f"r{rate:g}".replace(".", "_")
 
 
-_RESULTS: dict[str, dict[str, float]] = {}  # what promtool got, once per worker process
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
-    """promtool's answers; kept across a re-setup (the heavy lane's scheduler set this module
-    up twice in one worker, about 4 min of promtool each time)."""
-    if not _RESULTS:
-        _RESULTS.update(_run_promtool(tmp_path_factory))
-    return _RESULTS
-
-
-def _run_promtool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
+    """promtool's answers, per query and route."""
     promtool = need_tool("promtool")
     tmp = tmp_path_factory.mktemp("alert-quality")
     day = 24 * 3600
@@ -54,10 +52,11 @@ def _run_promtool(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
             stepped.append(RouteTraffic(f"step_{name(rate)}_s{seed}", rate, step(t0)))
     steps = Scenario("step", WARM + 20 * 60, stepped)
     asked = queries(ALERT, NOW)
+    rules = pruned_rules((ALERT, NOW), tmp / "rules")
     paths = []
     for seed, scenario in enumerate((steady, steps)):
         path = tmp / f"{scenario.name}.yml"
-        path.write_text(promtool_file(scenario, seed, asked), encoding="utf-8")
+        path.write_text(promtool_file(scenario, seed, asked, rules), encoding="utf-8")
         paths.append(path)
     merged: dict[str, dict[str, float]] = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
