@@ -23,9 +23,11 @@ streamed request <= 5 ms; throughput at c=64 >= 0.9 of direct; sidecar RSS <= 80
                                 [--venv DIR] [--json FILE] [--check] [--record]
                                 [--request-log off|default|all]
 
-`--request-log default` runs the proxy with its request log on at the default sampling (every
-failed, low-acceptance or slow request, 1 % of the rest), `all` logs every request: against a
-run with it off, the log's CPU per request.
+`--request-log default` adds a fourth path, `logged`: a second `specdec serve`, the same config
+with its request log on at the default sampling (every failed, low-acceptance or slow request,
+1 % of the rest; `all` logs every request), in the same rounds. Its CPU per request over the
+first proxy's, pooled and per round, is the log's cost; it is printed with how many lines the
+log wrote and why.
 
 The proxy runs on the interpreter of `--venv DIR` when given: the install a user gets, made
 there first (if DIR does not exist) with the README's own line (`python3 -m venv DIR`, then
@@ -86,9 +88,12 @@ from exporter.process import loop_factory
 TICKS = os.sysconf("SC_CLK_TCK")
 READY_DEADLINE = 30.0
 MODEL = "sim-27b"
-PATHS = ("direct", "nginx", "proxy")
-# --request-log: the proxy's request log off (the default config), on at its default sampling,
-# or every request logged (the cost of a line); added to the proxy: section
+PATHS = ("direct", "nginx", "proxy", "logged")
+# the proxies' processes, as cpu_snapshot names them: `logged` is a second `specdec serve`, the
+# same config with the request log on, run in the same rounds as `proxy` (--request-log)
+PROXIES = {"proxy": "sidecar", "logged": "logged"}
+# --request-log: the second proxy's request log on at its default sampling, or every request
+# logged (the cost of a line); added to its proxy: section ("off": no second proxy)
 REQUEST_LOG = {
     "off": "",
     "default": "  request_log: {enabled: true}\n",
@@ -294,12 +299,13 @@ class Segment:
     @property
     def proxy_cpu(self) -> float | None:
         """The proxy process(es) of this path (sidecar's CPU when idle is its scrapes)."""
-        return {"proxy": self.cpu["sidecar"], "nginx": self.cpu["nginx"]}.get(self.path)
+        key = PROXIES.get(self.path, "nginx" if self.path == "nginx" else None)
+        return self.cpu[key] if key else None
 
     @property
     def unattributed(self) -> float:
         """Machine CPU not in any process of this benchmark: other load, kernel softirq."""
-        ours = ("sim", "sidecar", "nginx", "client")
+        ours = ("sim", "sidecar", "logged", "nginx", "client")
         return self.cpu["machine"] - sum(self.cpu[k] for k in ours)
 
     @property
@@ -327,6 +333,8 @@ class Rig:
     nginx: Child | None
     urls: dict[str, str]  # path -> chat completions URL
     metrics_url: str  # the sidecar's own /metrics
+    logged: Child | None = None  # the same proxy with its request log on (--request-log)
+    logged_metrics_url: str = ""
 
 
 @dataclass
@@ -366,7 +374,7 @@ def runtime(metrics_url: str) -> str:
 
 
 def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
-    sim_port, proxy_port, metrics_port = free_port(), free_port(), free_port()
+    sim_port = free_port()
     sim = spawn(
         "sim",
         [
@@ -421,16 +429,32 @@ def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
         wait_http(nginx, f"http://127.0.0.1:{nginx_port}/health")
         urls["nginx"] = f"http://127.0.0.1:{nginx_port}/v1/chat/completions"
 
-    config = tmp / "specdec.yaml"
+    proxy, proxy_url, metrics_url = serve(tmp, args, sim_port, "proxy", "")
+    children.append(proxy)
+    urls["proxy"] = proxy_url
+    logged, logged_metrics = None, ""
+    if args.request_log != "off":
+        logged, urls["logged"], logged_metrics = serve(
+            tmp, args, sim_port, "logged", REQUEST_LOG[args.request_log]
+        )
+        children.append(logged)
+    return Rig(sim, proxy, nginx, urls, metrics_url, logged, logged_metrics)
+
+
+def serve(
+    tmp: Path, args: argparse.Namespace, sim_port: int, name: str, extra: str
+) -> tuple[Child, str, str]:
+    """A `specdec serve` proxying to the simulator (`extra` added to its proxy: section): the
+    child, its chat completions URL and its /metrics."""
+    proxy_port, metrics_port = free_port(), free_port()
+    config = tmp / f"{name}.yaml"
     config.write_text(
         SIDECAR_CONF.format(
             metrics=metrics_port, upstream=sim_port, port=proxy_port, model=MODEL
-        ).replace(
-            "  default_route: other\n", "  default_route: other\n" + REQUEST_LOG[args.request_log]
-        )
+        ).replace("  default_route: other\n", "  default_route: other\n" + extra)
     )
     proxy = spawn(
-        "proxy",
+        name,
         [
             python(args),
             "-m",
@@ -444,11 +468,13 @@ def start(tmp: Path, args: argparse.Namespace, children: list[Child]) -> Rig:
         tmp,
         args.serve_from,
     )
-    children.append(proxy)
     wait_http(proxy, f"http://127.0.0.1:{metrics_port}/-/healthy")
     wait_http(proxy, f"http://127.0.0.1:{proxy_port}/health")
-    urls["proxy"] = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
-    return Rig(sim, proxy, nginx, urls, f"http://127.0.0.1:{metrics_port}/metrics")
+    return (
+        proxy,
+        f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+        f"http://127.0.0.1:{metrics_port}/metrics",
+    )
 
 
 async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
@@ -463,15 +489,21 @@ async def measure(rig: Rig, args: argparse.Namespace, results: Results) -> None:
             for n, c in ((20, 1), (128, 64)):
                 warm, _ = await pool.run(rig.urls[p], body, n, c, lambda _: voice)
                 warmup_proxied += sum(s.ok for s in warm) if p == "proxy" else 0
-        others = [os.getpid(), rig.proxy.pid] + (group_pids(rig.nginx.pid) if rig.nginx else [])
+        others = [os.getpid()] + [
+            pid
+            for child in (rig.proxy, rig.logged, rig.nginx)
+            if child
+            for pid in group_pids(child.pid)
+        ]
         started = time.monotonic()
         for r in range(args.rounds):
             for c in CONCURRENCY:
                 n = args.n1 if c == 1 else args.n64
                 order = paths[r % len(paths) :] + paths[: r % len(paths)]
                 for p in order:
-                    rig.sim.check()
-                    rig.proxy.check()
+                    for child in (rig.sim, rig.proxy, rig.logged):
+                        if child is not None:
+                            child.check()
                     crowding = Crowding(rig.sim.pid, others) if c > 1 else None
                     if crowding is not None:
                         crowding.start()
@@ -505,7 +537,7 @@ def pin(rig: Rig) -> None:
         raise RuntimeError("--pin needs at least 2 CPUs")
     rest = set(cpus[:-1])
     places = [([os.getpid()], rest), (group_pids(rig.sim.pid), {cpus[-1]})]
-    places += [(group_pids(child.pid), rest) for child in (rig.proxy, rig.nginx) if child]
+    places += [(group_pids(c.pid), rest) for c in (rig.proxy, rig.logged, rig.nginx) if c]
     for pids, where in places:
         for pid in pids:
             for task in os.listdir(f"/proc/{pid}/task"):  # every thread; new ones inherit
@@ -517,6 +549,7 @@ def cpu_snapshot(rig: Rig) -> dict[str, float]:
     return {
         "sim": group_cpu(rig.sim.pid),
         "sidecar": group_cpu(rig.proxy.pid),
+        "logged": group_cpu(rig.logged.pid) if rig.logged else 0.0,
         "nginx": group_cpu(rig.nginx.pid) if rig.nginx else 0.0,
         "client": time.process_time(),
         "machine": machine_busy(),
@@ -543,14 +576,16 @@ async def rss_phase(
     results.rss = {"before_mib": before, "after_mib": after, "peak_mib": peak}
     with _DIRECT.open(rig.metrics_url, timeout=5.0) as resp:
         page = resp.read().decode()
-    routes: dict[str, float] = {}
-    for line in page.splitlines():
-        if line.startswith("specdec_route_requests_total{"):
-            head, _, value = line.rpartition(" ")
-            route = re.search(r'route="([^"]*)"', head)
-            status = re.search(r'status="([^"]*)"', head)
-            if route and status and status.group(1) == "200":
-                routes[route.group(1)] = routes.get(route.group(1), 0.0) + float(value)
+    routes = _by_label(page, "specdec_route_requests_total", "route", status="200")
+    if rig.logged is not None:  # what its request log wrote, by why each line was kept
+        with _DIRECT.open(rig.logged_metrics_url, timeout=5.0) as resp:
+            logged = resp.read().decode()
+        results.sanity["request_log_lines"] = _by_label(
+            logged, "specdec_proxy_request_log_lines_total", "reason"
+        )
+        results.sanity["logged_requests"] = sum(
+            _by_label(logged, "specdec_route_requests_total", "route").values()
+        )
     proxied = sum(s.ok for seg in results.segments if seg.path == "proxy" for s in seg.samples)
     results.sanity.update(
         distinct_ok=sum(s.ok for s in samples),
@@ -559,6 +594,19 @@ async def rss_phase(
         route_requests_200=routes,
         voice_expected=proxied + warmup_proxied,
     )
+
+
+def _by_label(page: str, family: str, label: str, **only: str) -> dict[str, float]:
+    """`family`'s samples on a /metrics page summed by `label`, of those with `only`'s values."""
+    out: dict[str, float] = {}
+    for line in page.splitlines():
+        if not line.startswith(family + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', head))
+        if label in labels and all(labels.get(k) == v for k, v in only.items()):
+            out[labels[label]] = out.get(labels[label], 0.0) + float(value)
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -602,9 +650,10 @@ def summarise(segments: list[Segment], path: str, c: int) -> Summary | None:
     requests = sum(len(s.samples) for s in mine)
     ok = sum(s.ok for s in mine)
     cpu = [s.proxy_cpu for s in mine if s.proxy_cpu is not None]
-    idle = [s for s in segments if s.path != "proxy"]
-    idle_rate = sum(s.cpu["sidecar"] for s in idle) / sum(s.wall for s in idle) if idle else 0.0
-    net = sum(s.cpu["sidecar"] - idle_rate * s.wall for s in mine)
+    key = PROXIES.get(path, "sidecar")
+    idle = [s for s in segments if s.path != path]
+    idle_rate = sum(s.cpu[key] for s in idle) / sum(s.wall for s in idle) if idle else 0.0
+    net = sum(s.cpu[key] - idle_rate * s.wall for s in mine)
     wall = sum(s.wall for s in mine)
     return Summary(
         path,
@@ -617,7 +666,7 @@ def summarise(segments: list[Segment], path: str, c: int) -> Summary | None:
         ok / sum(s.wall for s in mine),
         [s.ok / s.wall for s in mine],
         1000 * sum(cpu) / ok if cpu and ok else None,
-        1000 * net / ok if path == "proxy" and idle and ok else None,
+        1000 * net / ok if path in PROXIES and idle and ok else None,
         1000 * sum(s.cpu["sim"] for s in mine) / max(ok, 1),
         1000 * sum(s.cpu["client"] for s in mine) / max(ok, 1),
         sum(s.cpu["machine"] for s in mine) / wall,
@@ -702,6 +751,42 @@ def crowding_note(segments: list[Segment]) -> None:
             if p in segs
         ]
         print(f"  round {r + 1}: " + ", ".join(cells))
+
+
+def request_log_cost(results: Results) -> dict[str, Any] | None:
+    """With --request-log: the logged proxy's CPU per request over the same proxy's without
+    the log, per concurrency pooled over the rounds and per round (each round runs both)."""
+    lines = results.sanity.get("request_log_lines")
+    if lines is None:
+        return None
+    cost: dict[str, Any] = {"sampling": results.args["request_log"], "lines": lines}
+    print()
+    for c in CONCURRENCY:
+        pairs = []
+        for seg in results.segments:
+            if seg.path == "logged" and seg.concurrency == c:
+                plain = next(
+                    s
+                    for s in results.segments
+                    if s.path == "proxy" and s.concurrency == c and s.round == seg.round
+                )
+                pairs.append((seg.cpu["logged"], seg.ok, plain.cpu["sidecar"], plain.ok))
+        pooled = (sum(p[0] for p in pairs) / sum(p[1] for p in pairs)) / (
+            sum(p[2] for p in pairs) / sum(p[3] for p in pairs)
+        )
+        rounds = [(a / n) / (b / m) for a, n, b, m in pairs]
+        cost[f"c{c}"] = {"ratio": pooled, "rounds": rounds}
+        print(
+            f"request log ({results.args['request_log']}): at c={c} the proxy with it spent "
+            f"x{pooled:.3f} the CPU per request of the proxy without it "
+            f"(per round {min(rounds):.3f}..{max(rounds):.3f})"
+        )
+    written, served = sum(lines.values()), results.sanity["logged_requests"]
+    print(
+        f"  it wrote {written:.0f} lines for {served:.0f} requests ({written / max(served, 1):.1%}"
+        "), by why: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(lines.items()) if v)
+    )
+    return cost
 
 
 def print_goals(title: str, goals: list[Goal]) -> None:
@@ -909,6 +994,7 @@ def run(args: argparse.Namespace) -> int:
             for child in reversed(children):
                 child.stop()
     goals, quiet_goals = report(results)
+    logged = request_log_cost(results)
     ok = sanity(results)
     print(f"rounds took {results.sanity['rounds_seconds']:.0f} s")
     if args.json or args.record:
@@ -917,6 +1003,7 @@ def run(args: argparse.Namespace) -> int:
             "rss": results.rss,
             "sanity": results.sanity,
             "goals": [{"goal": g, "met": m, "detail": d} for g, m, d in goals],
+            "request_log": logged,
             "goals_quiet_rounds": None
             if quiet_goals is None
             else [{"goal": g, "met": m, "detail": d} for g, m, d in quiet_goals],

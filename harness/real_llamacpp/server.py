@@ -1,7 +1,7 @@
 """Run a real llama.cpp `llama-server` here: built from the sources PyPI's llama-cpp-python sdist
 vendors (the only llama.cpp a registry serves as source), a tiny GGUF written locally.
 
-    binary, gguf_py = ensure_server(cache)     # pip download + cmake, once (~11 min on 2 cores)
+    binary, gguf_py = ensure_server(cache)     # pip download + cmake, once (~5 min on 2 cores)
     model = ensure_model(gguf_py, cache)       # tiny random-weight Llama GGUF (once, < 1 s)
     with LlamaServer(binary, model, port, ("--spec-type", "ngram-simple")) as srv:
         srv.base_url, srv.metrics_url

