@@ -753,7 +753,48 @@ def crowding_note(segments: list[Segment]) -> None:
         print(f"  round {r + 1}: " + ", ".join(cells))
 
 
-def request_log_cost(results: Results) -> dict[str, Any] | None:
+# a line's CPU in the proxy's own code, in process: RequestLog fed a request that is kept, its
+# writer thread formatting and writing to /dev/null; printed in microseconds per line
+LINE_CPU = """
+import os, resource, sys, time
+sys.stdout = open(os.devnull, "w")
+from exporter import logs
+from exporter.accounting.ledger import RequestOutcome
+from exporter.config import RequestLogConfig
+from exporter.proxy.requestlog import RequestLog
+logs.setup("info")
+outcome = RequestOutcome(
+    "voice_chat", "sim-27b", "200", 64, 20, "length", 0.01, 0.05, None, (60, 30),
+    slices=(("input", "short"), ("output", "short")), trace_id="0af7651916cd43dd8448eb211c80319c",
+    request_id="chatcmpl-abc123", at=time.time(), seconds=0.06,
+)
+log, every = RequestLog(capacity=1 << 16), RequestLogConfig(enabled=True, sample=1.0)
+for _ in range(2000):  # warm
+    log.offer(outcome, every)
+log.flush()
+usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+before = usage()
+for _ in range(20000):
+    log.offer(outcome, every)
+log.flush()
+print(1e6 * (usage() - before) / 20000, file=sys.stderr)
+"""
+
+
+def line_cpu_us(args: argparse.Namespace) -> float:
+    """A request log line's CPU in microseconds (LINE_CPU, on the proxy's interpreter)."""
+    done = subprocess.run(
+        [python(args), "-c", LINE_CPU],
+        cwd=args.serve_from,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return float(done.stderr.strip().splitlines()[-1])
+
+
+def request_log_cost(results: Results, line_us: float | None) -> dict[str, Any] | None:
     """With --request-log: the logged proxy's CPU per request over the same proxy's without
     the log, per concurrency pooled over the rounds and per round (each round runs both)."""
     lines = results.sanity.get("request_log_lines")
@@ -786,6 +827,18 @@ def request_log_cost(results: Results) -> dict[str, Any] | None:
         f"  it wrote {written:.0f} lines for {served:.0f} requests ({written / max(served, 1):.1%}"
         "), by why: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(lines.items()) if v)
     )
+    plain = summarise(results.segments, "proxy", 1)
+    if line_us is not None and plain is not None and plain.proxy_cpu_ms:
+        # finer than the rounds resolve: a line's own CPU times the share written
+        share = written / max(served, 1)
+        cost["line_us"] = line_us
+        cost["c1_share_of_proxy_cpu"] = share * line_us / 1000 / plain.proxy_cpu_ms
+        print(
+            f"  a line costs {line_us:.0f} us of CPU in process (its writer thread included): at "
+            f"{share:.1%} of requests {share * line_us:.1f} us a request, "
+            f"{cost['c1_share_of_proxy_cpu']:.1%} of the proxy's {plain.proxy_cpu_ms:.2f} ms "
+            "a request at c=1 in these rounds"
+        )
     return cost
 
 
@@ -994,7 +1047,7 @@ def run(args: argparse.Namespace) -> int:
             for child in reversed(children):
                 child.stop()
     goals, quiet_goals = report(results)
-    logged = request_log_cost(results)
+    logged = request_log_cost(results, line_cpu_us(args) if args.request_log != "off" else None)
     ok = sanity(results)
     print(f"rounds took {results.sanity['rounds_seconds']:.0f} s")
     if args.json or args.record:
