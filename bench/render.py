@@ -32,7 +32,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BULK = frozenset({"args", "segments", "summaries", "reports"})  # in the file, never rendered
 # figures left out of a bench's latest-run summary (shown with --all or --file)
 SUMMARY_HIDES = {
-    "bench_proxy": frozenset({"sanity", "goals_quiet_rounds", "rss"}),  # RSS: in the goals
+    "bench_proxy": frozenset(
+        {"sanity", "goals_quiet_rounds", "rss", "request_log"}
+    ),  # in goals, §3
     "bench_relay": frozenset({"reads", "us_per_stream"}),
     "soak": frozenset(
         {
