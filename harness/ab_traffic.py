@@ -7,10 +7,11 @@ test_curve_drift.py and bench/payoff_real_vllm.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +21,7 @@ import aiohttp
 from exporter.measure.scenarios import builtin
 from exporter.measure.stream_client import stream_chat
 from exporter.measure.workload import WORKLOADS
-from harness.helpers import specdec
+from harness.helpers import child, free_port, http_get, specdec, wait_for
 
 # the two routes, each request's cap heavy-tailed around its route's mean (on the simulator
 # with long prompts, one cap per route split the routes' A/B figures 10 % around their tokens
@@ -154,6 +155,28 @@ def point(r: dict[str, Any]) -> str:
     if r.get("verify_drafts") == 0:  # a schedule's k = 0: its spec phase ran plain steps
         keys.pop("verify_seconds"), keys.pop("verify_drafts"), keys.pop("verify_spread")
     return ", ".join(f"{name}: {r[key]}" for key, name in keys.items() if r.get(key) is not None)
+
+
+@contextlib.contextmanager
+def sidecar(
+    tmp: Path,
+    spec_port: int,
+    levels: list[dict[str, Any]],
+    window: float,
+    interval: float,
+    schedule: str = "",
+) -> Iterator[tuple[str, str]]:
+    """`specdec serve` with `sidecar_config`, up: its proxy's base URL and its /metrics. Its
+    ports are picked here, as it starts: one picked minutes before (ahead of measure) can be
+    another process's by then, a client's own port among them."""
+    proxy_port, side_port = free_port(), free_port()
+    path = sidecar_config(tmp, (spec_port, proxy_port), levels, window, interval, schedule)
+    serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
+    proxy, metrics = f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{side_port}/metrics"
+    with child(serve, tmp / "serve.log"):
+        wait_for(lambda: http_get(metrics), what="the sidecar up")
+        wait_for(lambda: http_get(proxy + "/health"), what="its proxy up")
+        yield proxy, metrics
 
 
 def sidecar_config(

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from harness.ab_traffic import ROUTES, alternate, measured, routes_pack, sidecar_config
+from harness.ab_traffic import ROUTES, alternate, measured, routes_pack, sidecar
 from harness.helpers import child, free_port, http_get, specdec, wait_for
 from harness.pages import Page, samples, value
 
@@ -78,7 +78,7 @@ def restart(url: str) -> None:
 def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Rig]:
     case: Case = request.param
     tmp = tmp_path_factory.mktemp("drift")
-    spec_port, plain_port, proxy_port, side_port = (free_port() for _ in range(4))
+    spec_port, plain_port = free_port(), free_port()
     spec, plain = f"http://127.0.0.1:{spec_port}", f"http://127.0.0.1:{plain_port}"
     sim = ("sim", "--speed", f"{SPEED:g}", "--listen")
     shift = ("--step-shift", case.shift)
@@ -94,12 +94,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
         levels = measured(spec, plain, routes_pack(tmp, 0), LEVELS, "--context-tokens", "0")
         for url in (spec, plain):  # the next start of both: the shifted one runs shifted now
             restart(url)
-        path = sidecar_config(tmp, (spec_port, proxy_port), levels, WINDOW, INTERVAL)
-        serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
-        with child(serve, tmp / "serve.log"):
-            metrics = f"http://127.0.0.1:{side_port}/metrics"
-            wait_for(lambda: http_get(metrics), what="the sidecar up")
-            yield Rig(case, f"http://127.0.0.1:{proxy_port}", plain, metrics)
+        with sidecar(tmp, spec_port, levels, WINDOW, INTERVAL) as (proxy, metrics):
+            yield Rig(case, proxy, plain, metrics)
 
 
 def test_the_drift_reads_the_shift_and_the_band_covers_the_truth(rig: Rig) -> None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.ab_traffic import ROUTES, Decoded, alternate, measured, routes_pack, sidecar_config
+from harness.ab_traffic import ROUTES, Decoded, alternate, measured, routes_pack, sidecar
 from harness.helpers import child, free_port, http_get, specdec, wait_for
 from harness.pages import Page, samples, value
 
@@ -102,7 +102,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     case: Case = request.param
     schedule = case.schedule
     tmp = tmp_path_factory.mktemp("payoff")
-    spec_port, plain_port, proxy_port, side_port = (free_port() for _ in range(4))
+    spec_port, plain_port = free_port(), free_port()
     spec, plain = f"http://127.0.0.1:{spec_port}", f"http://127.0.0.1:{plain_port}"
     scheduled = ("--schedule", schedule) if schedule else ()
     sim = ("sim", "--speed", f"{SPEED:g}", "--listen")
@@ -116,13 +116,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
         for url in (spec, plain):
             wait_for(lambda u=url: http_get(u + "/v1/models"), what=f"{url} up")
         levels = measured(spec, plain, routes_pack(tmp, case.measured_longer), LEVELS)
-        path = sidecar_config(tmp, (spec_port, proxy_port), levels, WINDOW, INTERVAL, schedule)
-        serve = specdec("serve", "--config", str(path), "--listen", f"127.0.0.1:{side_port}")
-        with child(serve, tmp / "serve.log"):
-            metrics = f"http://127.0.0.1:{side_port}/metrics"
-            wait_for(lambda: http_get(metrics), what="the sidecar up")
+        with sidecar(tmp, spec_port, levels, WINDOW, INTERVAL, schedule) as (proxy, metrics):
             started = time.monotonic()
-            yield Rig(spec, plain, f"http://127.0.0.1:{proxy_port}", metrics, started, case)
+            yield Rig(spec, plain, proxy, metrics, started, case)
 
 
 def band(page: Page, labels: dict[str, str]) -> float | None:
