@@ -175,7 +175,7 @@ def sidecar(
     proxy, metrics = f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{side_port}/metrics"
     with child(serve, tmp / "serve.log"):
         wait_for(lambda: http_get(metrics), what="the sidecar up")
-        wait_for(lambda: http_get(proxy + "/health"), what="its proxy up")
+        wait_for(lambda: http_get(proxy + "/health") is not None, what="its proxy up")  # "": up
         yield proxy, metrics
 
 
