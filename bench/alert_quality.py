@@ -56,6 +56,7 @@ NOW = "route_model_name:specdec_route_exact_acceptance:ratio_rate1m"
 GOALS = {24.0: 60.0, 6.0: 180.0, 1.5: 900.0}  # requests a minute -> seconds to firing
 RATES = (24.0, 6.0, 1.5, 0.5)
 WARM = 2 * 3600
+QUIET_WARM = 4 * 3600  # 120 requests at 0.5 a minute: the day holds min_baseline_requests (100)
 SEEDS = (1, 2, 3)
 MIX = ((0.45, 0.3), (0.85, 0.7))  # (kind's mean, share): mean 0.73
 
@@ -78,8 +79,8 @@ def scenarios(day: int) -> tuple[list[Scenario], dict[str, float]]:
     quiet = []
     for rate in (1.5, 0.5):
         route = f"fall_{name(rate)}"
-        step_at[route] = WARM
-        quiet.append(RouteTraffic(route, rate, step(WARM, 0.71, 0.10)))
+        step_at[route] = QUIET_WARM
+        quiet.append(RouteTraffic(route, rate, step(QUIET_WARM, 0.71, 0.10)))
     mixed = [RouteTraffic(f"mixed_{name(r)}", r, kinds=MIX) for r in (24.0, 6.0)]
     half = day / 2  # the mix turns from 30 % / 70 % to 70 % / 30 %: 0.73 -> 0.57
     mix_shift = [
@@ -99,7 +100,8 @@ def scenarios(day: int) -> tuple[list[Scenario], dict[str, float]]:
             "steady_c5", day, [RouteTraffic(f"c5_{name(r)}", r, concentration=5.0) for r in RATES]
         ),
         Scenario("mixed", day, mixed + mix_shift),
-        Scenario("step", WARM + 20 * 60, stepped + quiet),
+        Scenario("step", WARM + 20 * 60, stepped),
+        Scenario("fall", QUIET_WARM + 20 * 60, quiet),
         Scenario("step_live_worst", WARM + 20 * 60, live, lag=14.9),
     ]
     return runs, step_at

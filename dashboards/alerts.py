@@ -58,16 +58,19 @@ def acceptance_drop(mix: Mixin) -> dict[str, Any]:
     for w in drop.windows:  # one replica's drop, which the fleet's figure may not show
         per_replica = replica_drop(w, drop.fraction, drop.z, drop.min_requests)
         windows.append(f"max by (route, model_name) (\n{per_replica}\n)")
+    day = rule_name("spec_requests", "increase", "1d")
     return _alert(
         mix,
         "SpecDecodeAcceptanceDrop",
-        "\nor\n".join(windows),
+        "(\n" + "\nor\n".join(windows) + "\n)\n"
+        f"and on (route, model_name) {day} >= {drop.min_baseline_requests}",
         "0s",
         "warning",
         "Draft acceptance of route {{ $labels.route }} dropped well below its usual level",
         "Acceptance of {{ $labels.route }} ({{ $labels.model_name }}) is {{ $value | humanizePercentage }} "
         f"below its 1-day level over the last {' or '.join(drop.windows)}, by more than {drop.z} "
-        f"request-level standard errors over at least {drop.min_requests} requests. Tokens per step and the "
+        f"request-level standard errors over at least {drop.min_requests} requests, against a day of at "
+        f"least {drop.min_baseline_requests}. Tokens per step and the "
         "speedup fall with it; below break-even speculation costs more than it saves."
         + _cause(mix)
         + _replicas(mix),

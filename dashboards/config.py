@@ -72,12 +72,15 @@ def _url(r: Reader, node: yaml.Node, key: str) -> str:
 @dataclass(frozen=True, slots=True)
 class DropAlert:
     """SpecDecodeAcceptanceDrop: windows (short for busy routes, long for quiet ones), the
-    relative floor, the z-score and the requests a window needs."""
+    relative floor, the z-score, the requests a window needs, and the requests the route's
+    day needs before it is a level to fall from (a new route, model or Prometheus: its first
+    few requests make a level and a spread too unsteady to judge against)."""
 
     windows: tuple[str, ...] = setting(_durations, ("1m", "10m"))
     fraction: float = setting(number(0.01, 0.99), 0.3)
     z: float = setting(number(1.0, 100.0), 4.5)
     min_requests: int = setting(whole(2, 10_000), 5)
+    min_baseline_requests: int = setting(whole(2, 1_000_000), 100)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,7 @@ def baseline_rules() -> list[dict[str, Any]]:
     """The routes' own day: what the request-level alerts compare against."""
     return [
         record(rule_name("exact_acceptance", "ratio_rate", "1d"), moments.exact_acceptance("1d")),
+        record(rule_name("spec_requests", "increase", "1d"), moments.spec_requests("1d")),
         record(
             rule_name("request_residual_variance", "ratio_rate", "1d"),
             moments.residual_variance_1d(),
