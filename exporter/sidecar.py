@@ -123,7 +123,12 @@ class Sidecar:
         return Wiring(config, targets, models, fronted, registry)
 
     async def start(self) -> None:
-        """Start scraping, serve /metrics and (if configured) the proxy."""
+        """Start scraping, serve /metrics and (if configured) the proxy. The proxy's address is
+        taken first and accepted on last: one another process holds fails before /metrics
+        answers (a readiness check sees nothing come up), and no client is accepted by a
+        proxy whose /metrics then fails to bind."""
+        if self.proxy is not None:
+            self.proxy.bind()
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"specdec/{__version__}"})
         for state in self.targets:
             self._scrape(state)

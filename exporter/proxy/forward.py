@@ -95,9 +95,12 @@ class Proxy:
         self._lingering: set[Lingering] = set()  # at most max_connections: accept() waits
         self._drained = asyncio.Event()
 
+    def bind(self) -> None:
+        """Take the listen address, accepting nothing until `start` (OSError if taken)."""
+        self._listener.bind(*self.settings.config.listen)
+
     async def start(self) -> None:
-        host, port = self.settings.config.listen
-        self._listener.start(host, port, backlog=1024)
+        self._listener.start(backlog=1024)
 
     async def drain(self, grace: float) -> None:
         """Stop accepting; let the requests in flight complete for up to `grace` seconds

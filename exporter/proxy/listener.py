@@ -62,9 +62,24 @@ class Listener:
         self._held = False  # accept() paused by the proxy (`hold`)
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self, host: str, port: int, backlog: int = 1024) -> None:
+    def bind(self, host: str, port: int) -> None:
+        """Take the address now, accepting nothing yet: an address another process took fails
+        here, before the process serves anything else (its /metrics)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as create_server
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def start(self, backlog: int = 1024) -> None:
+        """Accept on the bound address."""
+        assert self._sock is not None, "bind() first"
         self._loop = asyncio.get_running_loop()
-        self._sock = socket.create_server((host, port), backlog=backlog)
+        self._sock.listen(backlog)
         self._sock.setblocking(False)
         self._reserve = os.open(os.devnull, os.O_RDONLY)
         self._loop.add_reader(self._sock.fileno(), self._readable)
@@ -84,8 +99,9 @@ class Listener:
         if self._ending is not None:
             self._ending.cancel()
             self._ending = None
-        if self._sock is not None and self._loop is not None:
-            self._loop.remove_reader(self._sock.fileno())
+        if self._sock is not None:  # bound, perhaps never started
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
         if self._reserve is not None:

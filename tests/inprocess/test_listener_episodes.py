@@ -62,7 +62,8 @@ async def test_a_shortage_right_after_a_success_is_the_same_episode(
     shed: list[str] = []
     with capture_logs() as logs:
         accepting = Listener(lambda peer: Answer(), shed.append, structlog.get_logger())
-        accepting.start("127.0.0.1", 0)
+        accepting.bind("127.0.0.1", 0)
+        accepting.start()
         assert accepting._sock is not None
         port = accepting._sock.getsockname()[1]
         short = accepting._sock = Short(accepting._sock)  # type: ignore[assignment]
@@ -96,7 +97,8 @@ async def test_no_success_since_the_last_shortage_ends_nothing(
     monkeypatch.setattr(listening, "RECOVERED", 0.2)
     with capture_logs() as logs:
         accepting = Listener(lambda peer: Answer(), lambda _: None, structlog.get_logger())
-        accepting.start("127.0.0.1", 0)
+        accepting.bind("127.0.0.1", 0)
+        accepting.start()
         assert accepting._sock is not None
         port = accepting._sock.getsockname()[1]
         short = accepting._sock = Short(accepting._sock)  # type: ignore[assignment]
