@@ -51,13 +51,18 @@ class Figure:
         """Why this A/B cannot judge the sidecar, or None if it can: its two rounds differ by
         more than 25 % (the machine moved), or one exceeds the route's tokens per decode step
         by more than 10 % (a verify step costs at least a plain one, so no speedup is higher:
-        the plain phase ran slower in effect)."""
+        the plain phase ran slower in effect), or one falls more than 10 % below the tokens
+        per step over k + 1 (a verify step decodes k + 1 tokens a sequence, so on a CPU it
+        costs at most k + 1 plain steps: the speculative phases ran slower in effect; CI once
+        read x0.58 and x0.57 for 2.82 tokens per step, against x1.96 from the sidecar)."""
         if not self.halves or max(self.halves) / min(self.halves) > AGREE:
             return "its rounds disagree"
         if self.tokens_per_step is None:
             return "no tokens per step"
         if max(self.halves) > CEILING * self.tokens_per_step:
             return "a round exceeds the tokens per step"
+        if min(self.halves) * CEILING * (K + 1) < self.tokens_per_step:
+            return "a round is below the tokens per step over k + 1"
         return None
 
     def plain_rates(self) -> str:

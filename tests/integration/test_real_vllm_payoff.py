@@ -14,10 +14,11 @@ every level gives a usable curve point at about its batch; the sidecar's two spe
 route and level and agree; the coding agent's exceeds voice's; and where the A/B is a reference,
 the sidecar is within a factor of 2 of it, which catches a gross mistake (the bench once
 compared the speculative server with itself: x2.73 against x0.93). The A/B is a reference when
-its two rounds agree within 25 % and neither exceeds the route's tokens per decode step (+10 %):
-a verify step costs at least a plain one, so a higher reading means the two phases ran on
-different machines in effect (CI once read x4.22 and x3.40 for 2.73 tokens per step). Where it
-is not, the figure is not judged.
+its two rounds agree within 25 % and each lies between the route's tokens per decode step over
+k + 1 and the tokens per step itself (10 % either way): a verify step costs at least a plain
+one and at most k + 1 of them on a CPU, so a reading outside means the two phases ran on
+different machines in effect (CI once read x4.22 and x3.40 for 2.73 tokens per step, and once
+x0.58 and x0.57 for 2.82). Where it is not, the figure is not judged.
 """
 
 from __future__ import annotations
