@@ -7,9 +7,12 @@ Where measure's plain step and the A/B's plain phases disagree at one batch (doc
 BENCHMARKS.md §11), the clients' clocks cannot say whether the engine ran slower or measure
 read its clock wrong; the server's can, and the sixths show where in a phase the time went (a
 closed loop that drains at its end, as measure's does, leaves its last requests decoding
-beside idle slots).
+beside idle slots). `--slices S` prints, per phase, the batch and a step's milliseconds in
+each S seconds (each request's tokens spread evenly over its decode): a phase whose steps slow
+at a full batch (the engine's state moved) reads apart from one that slows only as it drains.
 
     python -m bench.gpu.server_timings OUT/logs/plain.log OUT/logs/spec.log
+    python -m bench.gpu.server_timings --slices 0.5 --phases 5,6,16 OUT/logs/plain.log
 """
 
 from __future__ import annotations
@@ -92,6 +95,39 @@ def by_part(phase: Sequence[Served], parts: int = PARTS) -> list[tuple[int, floa
     return out
 
 
+def slices(phase: Sequence[Served], width: float) -> list[tuple[float, float | None]]:
+    """(requests decoding, milliseconds a step) in each `width` seconds of the phase: the
+    running requests' mean count over the slice and that count over their tokens a second
+    (a plain server makes one token a request a step; None: nothing decoded)."""
+    t0, t1 = phase[0].start, max(r.end for r in phase)
+    out = []
+    at = t0
+    while at < t1:
+        tokens = busy = 0.0
+        for r in phase:
+            begin, seconds = r.end - r.decode_ms / 1e3, r.decode_ms / 1e3
+            inside = min(at + width, r.end) - max(at, begin)
+            if inside > 0 and seconds > 0:
+                tokens += r.decoded * inside / seconds
+                busy += inside / width
+        out.append((busy, busy / (tokens / width) * 1e3 if tokens else None))
+        at += width
+    return out
+
+
+def slice_report(path: Path, width: float, which: set[int] | None) -> list[str]:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        found = phases(served(f))
+    lines = [f"{path}: batch:step ms in each {width:g} s"]
+    for i, phase in enumerate(found):
+        if which is None or i in which:
+            cells = " ".join(
+                f"{n:4.1f}:{'-' if ms is None else f'{ms:.1f}'}" for n, ms in slices(phase, width)
+            )
+            lines.append(f"{i:3d} {cells}")
+    return lines
+
+
 def report(path: Path) -> list[str]:
     with path.open(encoding="utf-8", errors="replace") as f:
         found = phases(served(f))
@@ -115,10 +151,21 @@ def report(path: Path) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="+", type=Path, help="llama-server logs (OUT/logs/*.log)")
+    ap.add_argument("--slices", type=float, help="seconds a slice: the batch and step over time")
+    ap.add_argument("--phases", help="with --slices, these phases only (0,3,...)")
     args = ap.parse_args(argv)
+    if args.slices is not None and args.slices <= 0:
+        ap.error("--slices takes seconds above 0")
+    try:
+        which = None if not args.phases else {int(p) for p in args.phases.split(",")}
+    except ValueError:
+        ap.error(f"--phases takes phase numbers separated by commas, not {args.phases!r}")
     for path in args.logs:
         try:
-            print("\n".join(report(path)))
+            if args.slices is not None:
+                print("\n".join(slice_report(path, args.slices, which)))
+            else:
+                print("\n".join(report(path)))
         except OSError as e:
             print(f"server_timings: {path}: {e.strerror or e}", file=sys.stderr)
             return 2

@@ -65,3 +65,20 @@ def test_the_report_and_a_missing_log(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "12 req" in lines[1] and " 13.33 " in lines[1]
     assert st.main([str(tmp_path / "absent.log")]) == 2
     assert "absent.log" in capsys.readouterr().err
+
+
+def test_the_slices_show_the_batch_and_the_step_over_time(tmp_path: Path) -> None:
+    """Early requests decode a token each 10 ms and late ones each 20 ms, two running at a
+    time: the first slices read a batch of about 2 at 10 ms a step, the last at 20."""
+    phase = st.phases(st.served(log()))[0]
+    found = st.slices(phase, 0.5)
+    batch, first = found[2]  # 61.0-61.5 s: requests 0, 1 and 2 for 0.1, 0.5 and 0.4 s
+    assert batch == pytest.approx(2.0) and first == pytest.approx(10.0)
+    assert found[-3] == (pytest.approx(2.0), pytest.approx(20.0))
+    path = tmp_path / "plain.log"
+    path.write_text("\n".join(log()) + "\n", encoding="utf-8")
+    lines = st.slice_report(path, 0.5, {1})
+    assert lines[0].endswith("batch:step ms in each 0.5 s") and lines[1].startswith("  1 ")
+    with pytest.raises(SystemExit) as usage:  # a usage error: argparse's exit 2
+        st.main(["--slices", "0", str(path)])
+    assert usage.value.code == 2
