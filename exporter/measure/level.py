@@ -5,14 +5,12 @@ Only the steady span of a phase counts (`Phase.steady_span`): from the time as m
 have ended as there are workers (the first cohort, sent together with its prefills batched and no
 arrivals between them, has turned over) to the time the first worker finds nothing left (from
 then on the batch drains, and a draining engine's steps cost more a token than steady ones at
-the same level). Each request counts with its seconds inside that span and the tokens that
-arrived there (its content events' times, `Result.decoded_by`), and the context it held there:
-counting only the requests that ended inside it would choose the ones that ran fast, and
-sharing a request's whole-life rate out by time would carry the drain's slow steps into the
-span (nearly every request at a level straddles its end: on a GPU llama-server at c = 16 and
-32, by the server's own timings, that reads a plain step 4-10 % slower than the requests that
-ended inside, by as much as the drain happens to hold). A request whose events carry no times
-is taken to have decoded evenly. Per level:
+the same level). Each request counts with the part of its decode inside that span, pro
+rata: counting only the requests that ended inside it would choose the ones that ran fast.
+(Counting the tokens by when they arrived was tried and failed the simulators' A/B check:
+likeliest, because a phase states its context as each request's whole-life mean, so the steps
+counted must be whole requests' too, or the per-context-token slopes read from measure's two
+contexts no longer match the steps they are read with.) Per level:
 
 - plain seconds per step = decode seconds / decode tokens (one token per plain step);
 - speculative seconds per step = decode seconds / decode steps, the steps from each request's
@@ -83,10 +81,9 @@ class Phase:
         return d.tokens, d.seconds, d.steps
 
     def steady(self, within: tuple[float, float] | None = None) -> Steady:
-        """The decode inside the steady span (or `within`, a part of it): each request's
-        seconds there and the share of its tokens that arrived there (its steps and drafts
-        with that share), and the context it held there (its prompt + the tokens it had made
-        by the span's middle for it), by seconds."""
+        """The decode inside the steady span (or `within`, a part of it), each request pro rata
+        as much as its decode lies in it: tokens, seconds, steps where counted, draft tokens,
+        and the context the requests held (their prompt + half their decode, by seconds)."""
         steady = within or self.steady_span()
         tokens = seconds = steps = drafted = context = weight = 0.0
         counted = True
@@ -98,15 +95,10 @@ class Phase:
             inside = spent if steady is None else min(steady[1], span[1]) - max(steady[0], span[0])
             if inside <= 0:
                 continue
-            before, by_end = (
-                (0.0, 1.0)
-                if steady is None
-                else (r.result.decoded_by(steady[0]), r.result.decoded_by(steady[1]))
-            )
-            share = by_end - before
+            share = inside / spent
             tokens, seconds = tokens + own * share, seconds + inside
             if (prompt := r.prompt_tokens) is not None:
-                context += inside * (prompt + 1 + own * (before + by_end) / 2)
+                context += inside * (prompt + 1 + own / 2)
                 weight += inside
             if made is None or r.counts is None:
                 counted = False

@@ -7,7 +7,6 @@ seconds after the first token, completion tokens, finish reason, and the events 
 
 from __future__ import annotations
 
-import bisect
 import json
 import time
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ class Result:
     finish_reason: str | None
     events: tuple[dict[str, Any], ...] = ()  # the events without content, in order
     sent: float = 0.0  # time.perf_counter() when sent: where the decode lies in a phase
-    arrivals: tuple[float, ...] = ()  # when each content event came (time.perf_counter())
 
     @property
     def decode_span(self) -> tuple[float, float] | None:
@@ -33,19 +31,6 @@ class Result:
             return None
         first = self.sent + self.ttft
         return first, first + self.decode_seconds
-
-    def decoded_by(self, at: float) -> float:
-        """The share of the decode (the tokens after the first) that had arrived by `at`: its
-        content events after the first up to then, each a like share; without them, the
-        share of the decode's seconds (tokens taken to arrive evenly)."""
-        span = self.decode_span
-        if span is None:
-            return 0.0
-        if len(self.arrivals) > 1:
-            return (bisect.bisect_right(self.arrivals, at, lo=1) - 1) / (len(self.arrivals) - 1)
-        if self.decode_seconds <= 0:
-            return 1.0 if at >= span[1] else 0.0
-        return min(1.0, max(0.0, (at - span[0]) / self.decode_seconds))
 
     @property
     def decode_tokens_per_second(self) -> float | None:
@@ -73,7 +58,6 @@ async def stream_chat(
     usage_tokens: int | None = None
     finish: str | None = None
     events: list[dict[str, Any]] = []
-    arrivals: list[float] = []
     async with session.post(url, json=payload, headers=headers) as resp:
         if resp.status != 200:
             raise RequestFailed(f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -86,9 +70,7 @@ async def stream_chat(
             for choice in chunk.get("choices") or ():
                 text = (choice.get("delta") or {}).get("content") or choice.get("text")
                 if text:
-                    if not content:  # one arrival an event, however many choices it has
-                        last = time.perf_counter()
-                        arrivals.append(last)
+                    last = time.perf_counter()
                     first = last if first is None else first
                     content = True
                 finish = choice.get("finish_reason") or finish
@@ -105,5 +87,4 @@ async def stream_chat(
         finish_reason=finish,
         events=tuple(events),
         sent=sent,
-        arrivals=tuple(arrivals),
     )

@@ -94,45 +94,6 @@ def test_the_curve_counts_the_decode_inside_the_steady_window() -> None:
     assert steps is None  # no per-request counts
 
 
-def _arriving(first: float, gaps: list[float], prompt: int | None = None) -> Request:
-    """A request whose content events come at `first`, then after each of `gaps` seconds."""
-    times = [first]
-    for gap in gaps:
-        times.append(times[-1] + gap)
-    result = Result(0.0, times[-1] - first, len(times), "length", sent=first, arrivals=tuple(times))
-    return Request(result, None, prompt)
-
-
-def test_a_request_counts_the_tokens_that_arrived_inside_the_window() -> None:
-    """A request that runs past the drain decodes there at its own pace: 0.01 s a token inside
-    the window, 0.03 s a token after it (a draining llama-server with a KV stream per slot
-    decodes its last requests slower a token). Counted by when its tokens arrived, the window
-    reads 0.01 s a token; its whole-life rate spread over its decode would read 0.015."""
-    cohort = _arriving(0.0, [0.01] * 50)  # ends at 0.5 s: the window opens
-    straddling = _arriving(0.0, [0.01] * 150 + [0.03] * 50)  # 1.5 s fast, then 1.5 s slow
-    phase = Phase([ScenarioResult("s", [cohort, straddling])], workers=1, dry_at=1.5)
-    assert phase.steady_span() == pytest.approx((0.5, 1.5))
-    tokens, seconds, _ = phase.decode()
-    assert seconds == pytest.approx(1.0)
-    assert seconds / tokens == pytest.approx(0.01, rel=0.03)
-    untimed = [
-        Request(_result(r.result.completion_tokens, r.result.decode_seconds, r.result.sent), None)
-        for r in (cohort, straddling)
-    ]  # the same requests without their events' times
-    even = Phase([ScenarioResult("s", untimed)], workers=1, dry_at=1.5)
-    tokens, seconds, _ = even.decode()
-    assert seconds / tokens == pytest.approx(3.0 / 200, rel=0.01)  # the old reading: 0.015
-
-
-def test_the_context_inside_the_window_is_what_the_request_held_there() -> None:
-    """A 100-token decode on a 300-token prompt, its first half before the window: inside, it
-    held 300 + 1 + 75 tokens on average, not its whole life's 300 + 1 + 50."""
-    late = _arriving(0.0, [0.01] * 100, prompt=300)
-    cohort = _arriving(0.0, [0.005] * 100)  # ends at 0.5 s, halfway through the other
-    phase = Phase([ScenarioResult("s", [cohort, late])], workers=1, dry_at=2.0)
-    assert phase.steady().context == pytest.approx(300 + 1 + 75, rel=0.01)
-
-
 def test_without_a_steady_window_the_whole_phase_counts() -> None:
     """No drain seen, or fewer requests ended than workers, or the drain came first: the whole
     of every request, not nothing."""
