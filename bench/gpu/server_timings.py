@@ -115,9 +115,14 @@ def slices(phase: Sequence[Served], width: float) -> list[tuple[float, float | N
     return out
 
 
-def slice_report(path: Path, width: float, which: set[int] | None) -> list[str]:
+def read(path: Path) -> list[list[Served]]:
+    """A log's phases."""
     with path.open(encoding="utf-8", errors="replace") as f:
-        found = phases(served(f))
+        return phases(served(f))
+
+
+def slice_report(path: Path, width: float, which: set[int] | None) -> list[str]:
+    found = read(path)
     lines = [f"{path}: batch:step ms in each {width:g} s"]
     for i, phase in enumerate(found):
         if which is None or i in which:
@@ -129,8 +134,7 @@ def slice_report(path: Path, width: float, which: set[int] | None) -> list[str]:
 
 
 def report(path: Path) -> list[str]:
-    with path.open(encoding="utf-8", errors="replace") as f:
-        found = phases(served(f))
+    found = read(path)
     lines = [f"{path}: {len(found)} phase(s); decode ms a token, all, then by sixth sent"]
     for i, phase in enumerate(found):
         t0 = phase[0].start
